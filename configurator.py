@@ -1,0 +1,73 @@
+"""
+nanoGPT's configurator, done safely. Usage from a script with module-level defaults:
+
+    python train.py config/symbolic.py --batch_size=256 --compile=False
+
+The config file is plain Python assignments, executed in its own namespace (not the script's);
+then each --key=value is parsed with ast.literal_eval (bare words stay strings). Every key must
+already exist in the defaults and keep its type (an int is accepted where a float is expected).
+Any mistake is a ConfigError with one line naming the bad key or value; scripts turn it into an
+exit with status 2 via `die`.
+"""
+import ast
+import difflib
+import os
+import sys
+
+
+class ConfigError(ValueError):
+    pass
+
+
+def die(msg):
+    print(f"error: {msg}", file=sys.stderr)
+    sys.exit(2)
+
+
+def _closest(key, allowed):
+    near = difflib.get_close_matches(key, allowed, n=1)
+    return f" (did you mean '{near[0]}'?)" if near else ""
+
+
+def _check(key, value, defaults, source):
+    if key not in defaults:
+        raise ConfigError(f"unknown config key '{key}' in {source}{_closest(key, list(defaults))}")
+    want = type(defaults[key])
+    if want is float and type(value) is int:
+        return float(value)
+    if type(value) is not want:
+        raise ConfigError(f"{key}={value!r} in {source} has type {type(value).__name__}, "
+                          f"expected {want.__name__} (default {defaults[key]!r})")
+    return value
+
+
+def parse_value(text):
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text  # a bare word such as --device=cpu
+
+
+def configure(defaults, argv):
+    """Return a new dict: defaults updated by config files and --key=value overrides in argv."""
+    config = dict(defaults)
+    for arg in argv:
+        if not arg.startswith("--"):
+            if not os.path.isfile(arg):
+                raise ConfigError(f"config file '{arg}' not found")
+            namespace = {}
+            try:
+                with open(arg) as f:
+                    exec(compile(f.read(), arg, "exec"), namespace)
+            except Exception as e:  # a broken config file is the user's bad input, say where
+                raise ConfigError(f"config file '{arg}' failed: {type(e).__name__}: {e}") from None
+            for key, value in namespace.items():
+                if key.startswith("_") or type(value).__name__ in ("module", "function", "type"):
+                    continue
+                config[key] = _check(key, value, defaults, arg)
+        else:
+            if "=" not in arg:
+                raise ConfigError(f"override '{arg}' must look like --key=value")
+            key, text = arg[2:].split("=", 1)
+            config[key] = _check(key, parse_value(text), defaults, "command line")
+    return config

@@ -1,0 +1,178 @@
+"""
+The symbolic two-graph k-hop dataset of the paper (Sec. 2, 3.1; Appendix A.2).
+
+Two entity-disjoint graphs A and B share one relation vocabulary. Every entity has exactly
+`out_degree` outgoing edges with distinct relations, targets in its own graph. Training: every
+atomic fact of both graphs plus `n_train` compositional questions from A (split evenly over hops
+2..max_hops); test_id: `n_test` further A questions per hop; test_ood: `n_test` B questions per hop
+(no B composition is ever trained). `eval_hops` > max_hops adds evaluation-only deeper splits.
+
+    python data/symbolic/prepare.py                       # paper's 2-hop data in data/symbolic/out
+    python data/symbolic/prepare.py --max_hops=3 --n_test=1000 --out_dir=data/symbolic/hops3
+
+Output: OUT/meta.json (vocab, entities, relations, splits, config) and one text file per split,
+one example per line, whitespace-separated tokens, answer last. Split names: train_atom,
+train_id, test_id, test_ood for 2 hops; k > 2 hops add the suffix _{k}hop (train_id_3hop, ...).
+"""
+import json
+import os
+import shutil
+import sys
+
+import numpy as np
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, REPO)
+from configurator import ConfigError, configure, die  # noqa: E402
+
+DEFAULTS = dict(out_dir=os.path.join(REPO, "data", "symbolic", "out"), seed=0, n_entities=500,
+                n_relations=50, out_degree=10, max_hops=2, eval_hops=0, n_train=10000, n_test=2000)
+GENERATOR_KEYS = [k for k in DEFAULTS if k != "out_dir"]  # what makes two datasets the same
+
+
+def check_config(c):
+    for k in ("n_entities", "n_relations", "out_degree", "n_train", "n_test"):
+        if c[k] < 1:
+            raise ConfigError(f"{k}={c[k]} must be >= 1")
+    if c["out_degree"] > c["n_relations"]:
+        raise ConfigError(f"out_degree={c['out_degree']} exceeds n_relations={c['n_relations']}: "
+                          "each entity's edges need distinct relations")
+    if c["max_hops"] < 2:
+        raise ConfigError(f"max_hops={c['max_hops']} must be >= 2")
+    if c["eval_hops"] and c["eval_hops"] <= c["max_hops"]:
+        raise ConfigError(f"eval_hops={c['eval_hops']} must be 0 or > max_hops={c['max_hops']}")
+    n_hops = c["max_hops"] - 1
+    if c["n_train"] % n_hops:
+        raise ConfigError(f"n_train={c['n_train']} must divide evenly over {n_hops} hop counts")
+    for k in range(2, max(c["max_hops"], c["eval_hops"]) + 1):
+        available = c["n_entities"] * c["out_degree"] ** k
+        wanted = (c["n_train"] // n_hops if k <= c["max_hops"] else 0) + c["n_test"]
+        if wanted > available:
+            raise ConfigError(f"{wanted} {k}-hop questions asked for (n_train/n_test) but a graph has "
+                              f"only {available} (n_entities * out_degree^{k})")
+
+
+def make_graph(rng, entities, n_relations, out_degree):
+    """{entity: {relation index: target entity}}: distinct relations per entity, targets in-graph."""
+    graph = {}
+    for e in entities:
+        rels = rng.choice(n_relations, size=out_degree, replace=False)
+        targets = rng.choice(len(entities), size=out_degree)
+        graph[e] = {int(r): entities[t] for r, t in zip(sorted(rels), targets)}
+    return graph
+
+
+def follow(graph, a, rels):
+    """The answer of the chain (a, r1, ..., rk), and its bridges."""
+    path = [a]
+    for r in rels:
+        path.append(graph[path[-1]][r])
+    return path[-1], path[1:-1]
+
+
+def sample_chains(rng, graph, entities, hops, n):
+    """n distinct chains (a, r1..rk), uniform over all chains (every entity has the same degree)."""
+    seen, chains = set(), []
+    while len(chains) < n:
+        a = entities[rng.integers(len(entities))]
+        rels, e = [], a
+        for _ in range(hops):
+            r = int(rng.choice(list(graph[e])))
+            rels.append(r)
+            e = graph[e][r]
+        key = (a, *rels)
+        if key not in seen:
+            seen.add(key)
+            chains.append(key)
+    return chains
+
+
+def build(c):
+    """All graphs and splits as {split: [(tokens..., answer)]} plus the metadata; no I/O."""
+    check_config(c)
+    rng = np.random.default_rng(c["seed"])
+    n, m = c["n_entities"], c["n_relations"]
+    ents = {"A": [f"e{i}" for i in range(n)], "B": [f"e{i}" for i in range(n, 2 * n)]}
+    relations = [f"r{i}" for i in range(m)]
+    graphs = {g: make_graph(rng, ents[g], m, c["out_degree"]) for g in ("A", "B")}
+    splits = {"train_atom": [(a, relations[r], b) for g in ("A", "B")
+                             for a, edges in graphs[g].items() for r, b in edges.items()]}
+    info = {"train_atom": {"graph": "AB", "hops": 1, "train": True}}
+    n_train_per_hop = c["n_train"] // (c["max_hops"] - 1)
+    for k in range(2, max(c["max_hops"], c["eval_hops"]) + 1):
+        sfx = "" if k == 2 else f"_{k}hop"
+        n_tr = n_train_per_hop if k <= c["max_hops"] else 0
+        chains = {"A": sample_chains(rng, graphs["A"], ents["A"], k, n_tr + c["n_test"]),
+                  "B": sample_chains(rng, graphs["B"], ents["B"], k, c["n_test"])}
+        render = lambda g, ch: (ch[0], *[relations[r] for r in ch[1:]], follow(graphs[g], ch[0], ch[1:])[0])
+        parts = [("train_id", "A", chains["A"][:n_tr], True), ("test_id", "A", chains["A"][n_tr:], False),
+                 ("test_ood", "B", chains["B"], False)]
+        for name, g, chs, train in parts:
+            if chs:
+                splits[name + sfx] = [render(g, ch) for ch in chs]
+                info[name + sfx] = {"graph": g, "hops": k, "train": train}
+    meta = {"vocab": ents["A"] + ents["B"] + relations, "entities": ents, "relations": relations,
+            "splits": {s: {"file": f"{s}.txt", **info[s]} for s in splits},
+            "config": {k: c[k] for k in GENERATOR_KEYS}}
+    return splits, meta, graphs
+
+
+def write_dataset(out_dir, files, meta):
+    """Write files {name: text} and meta.json into a temp folder, then rename it into place, so
+    an interrupted run never leaves a folder that looks complete."""
+    tmp = f"{out_dir.rstrip('/')}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    for name, text in files.items():
+        with open(os.path.join(tmp, name), "w") as f:
+            f.write(text)
+    with open(os.path.join(tmp, "meta.json"), "w") as f:
+        json.dump(meta, f, indent=1)
+    if os.path.exists(out_dir):
+        shutil.rmtree(out_dir)
+    os.replace(tmp, out_dir)
+
+
+def existing_config_mismatch(out_dir, config, keys):
+    """None if out_dir holds a dataset made with `config`, else a one-line reason."""
+    path = os.path.join(out_dir, "meta.json")
+    if not os.path.isfile(path):
+        return f"{out_dir} exists but has no meta.json (not a prepared dataset)"
+    with open(path) as f:
+        have = json.load(f).get("config", {})
+    for k in keys:
+        if have.get(k) != config[k]:
+            return f"{out_dir} was prepared with {k}={have.get(k)!r}, not {config[k]!r}"
+    return None
+
+
+def prepare(c, force=False):
+    """Prepare the dataset described by config dict c into c['out_dir'] (no-op if it is there)."""
+    out_dir = c["out_dir"]
+    if os.path.exists(out_dir) and not force:
+        why = existing_config_mismatch(out_dir, c, GENERATOR_KEYS)
+        if why:
+            raise ConfigError(why + " (delete it or choose another out_dir)")
+        return out_dir
+    splits, meta, _ = build(c)
+    files = {f"{s}.txt": "".join(" ".join(ex) + "\n" for ex in exs) for s, exs in splits.items()}
+    write_dataset(out_dir, files, meta)
+    return out_dir
+
+
+def main(argv):
+    try:
+        c = configure(DEFAULTS, argv)
+        out = prepare(c)
+    except ConfigError as e:
+        die(e)
+    with open(os.path.join(out, "meta.json")) as f:
+        meta = json.load(f)
+    for s, info in meta["splits"].items():
+        with open(os.path.join(out, info["file"])) as f:
+            print(f"{s:16s} {sum(1 for _ in f):7d} examples  graph {info['graph']:2s} hops {info['hops']}")
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,299 @@
+"""
+DiscoLoop and its baselines in one file, nanoGPT-style.
+
+f_theta is the stack `transformer.h` (n_layer blocks). The recurrences (paper notation):
+  none   : K untied copies of f_theta stacked (the non-looped baseline, same FLOPs as K loops)
+  loop   : H^0 = W[x], H^{k+1} = f(H^k)                                  (Eq. 1)
+  disco  : H^{k+1} = f(H~^k), H~^{k+1} = H^{k+1} + a^k * RMSNorm(Phi(H^{k+1})),
+           Phi(h) = sum_v softmax(head(h)/tau)_v W[v], no injection after the last loop   (Eq. 3-5)
+  ponder : PonderLM (Zeng et al. 2025, github.com/hzby/PonderingLM, flag `ponderinglm`): the
+           recurrence lives only in embedding space. e = W[x]; K-1 times: run the whole model
+           (blocks + final norm) on e and add the expected embedding, e <- e + Phi(h); one last full
+           pass gives the logits. "3 pondering steps" there = K = 4 here.
+The LM head is ln_f followed by the tied projection W^T, and Phi decodes with that same head.
+"""
+import math
+from dataclasses import dataclass, fields
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+RECURRENCES = ("none", "loop", "disco", "ponder")
+POS_EMBS = ("rope", "learned", "none")
+GATES = ("fixed", "learned")
+
+
+@dataclass
+class GPTConfig:
+    block_size: int = 1024
+    vocab_size: int = 50304
+    n_layer: int = 12          # blocks in f_theta (one loop)
+    n_head: int = 12
+    n_embd: int = 768
+    n_hidden: int = 0          # SwiGLU hidden width; 0 = 8/3 * n_embd rounded up to a multiple of 64
+    dropout: float = 0.0
+    pos_emb: str = "rope"      # "rope" (pretraining backbone) or "learned" (GPT-2 base of the symbolic runs)
+    rope_theta: float = 10000.0
+    sandwich_norm: bool = False  # Ouro-style: also norm each sublayer's output before the residual add
+    recurrence: str = "disco"
+    n_loop: int = 2            # K
+    disco_gate: str = "fixed"  # "fixed": a = disco_alpha; "learned": a_t = sigmoid(<w, Phi(H_t)> + b)
+    disco_alpha: float = 1.0
+    disco_tau: float = 1.0
+    disco_topk: int = 0        # 0 = exact Phi over the vocabulary; k > 0 = Phi_k (Appendix B)
+    disco_chunk: int = 0       # positions per chunk when decoding Phi (0 = all at once); bounds the B*chunk*V logits
+    label_smoothing: float = 0.0
+
+    def __post_init__(self):
+        def bad(name, allowed):
+            raise ValueError(f"{name}={getattr(self, name)!r} is invalid: allowed {allowed}")
+        for name in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd", "n_loop"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                bad(name, "an integer >= 1")
+        if self.n_embd % self.n_head:
+            raise ValueError(f"n_head={self.n_head} must divide n_embd={self.n_embd}")
+        if self.pos_emb not in POS_EMBS:
+            bad("pos_emb", POS_EMBS)
+        if self.pos_emb == "rope" and (self.n_embd // self.n_head) % 2:
+            raise ValueError(f"rope needs an even head size, got n_embd/n_head={self.n_embd // self.n_head}")
+        if self.recurrence not in RECURRENCES:
+            bad("recurrence", RECURRENCES)
+        if self.disco_gate not in GATES:
+            bad("disco_gate", GATES)
+        if not self.disco_tau > 0:
+            bad("disco_tau", "a number > 0")
+        if not 0 <= self.disco_topk <= self.vocab_size:
+            bad("disco_topk", f"0 (exact) or 1..vocab_size={self.vocab_size}")
+        if self.disco_chunk < 0:
+            bad("disco_chunk", "0 (no chunking) or a positive number of positions")
+        if not 0 <= self.dropout < 1:
+            bad("dropout", "0 <= dropout < 1")
+        if not 0 <= self.label_smoothing < 1:
+            bad("label_smoothing", "0 <= label_smoothing < 1")
+        if self.n_hidden < 0:
+            bad("n_hidden", "0 (auto) or a positive width")
+
+    @classmethod
+    def from_dict(cls, d):
+        """Build from any dict (e.g. train.py's globals): unrelated keys are ignored."""
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim, eps=1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        return F.rms_norm(x, (x.size(-1),), self.weight, self.eps)
+
+
+def rope_cache(head_dim, block_size, theta):
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+    freqs = torch.outer(torch.arange(block_size, dtype=torch.float32), inv_freq)
+    return freqs.cos(), freqs.sin()  # (T, head_dim/2) each
+
+
+def apply_rope(x, cos, sin):
+    # x: (B, nh, T, hs); rotate the two halves of each head (GPT-NeoX / Llama convention)
+    x1, x2 = x.float().chunk(2, dim=-1)
+    y = torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+    return y.type_as(x)
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.n_head = config.n_head
+        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=False)
+        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=False)
+        self.dropout = config.dropout
+
+    def forward(self, x, rope=None):
+        B, T, C = x.size()
+        q, k, v = self.c_attn(x).split(C, dim=2)
+        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
+        if rope is not None:
+            cos, sin = rope[0][:T], rope[1][:T]
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                           dropout_p=self.dropout if self.training else 0.0)
+        return self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C))
+
+
+class MLP(nn.Module):  # SwiGLU
+    def __init__(self, config):
+        super().__init__()
+        hidden = config.n_hidden or 64 * math.ceil(8 * config.n_embd / 3 / 64)
+        self.c_fc = nn.Linear(config.n_embd, 2 * hidden, bias=False)
+        self.c_proj = nn.Linear(hidden, config.n_embd, bias=False)
+
+    def forward(self, x):
+        gate, up = self.c_fc(x).chunk(2, dim=-1)
+        return self.c_proj(F.silu(gate) * up)
+
+
+class Block(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.ln_1 = RMSNorm(config.n_embd)
+        self.attn = CausalSelfAttention(config)
+        self.ln_2 = RMSNorm(config.n_embd)
+        self.mlp = MLP(config)
+        # sandwich norm (Ouro): normalize each sublayer's output too
+        self.ln_1b = RMSNorm(config.n_embd) if config.sandwich_norm else nn.Identity()
+        self.ln_2b = RMSNorm(config.n_embd) if config.sandwich_norm else nn.Identity()
+        self.drop = nn.Dropout(config.dropout)
+
+    def forward(self, x, rope=None):
+        x = x + self.drop(self.ln_1b(self.attn(self.ln_1(x), rope)))
+        x = x + self.drop(self.ln_2b(self.mlp(self.ln_2(x))))
+        return x
+
+
+class GPT(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        n_blocks = config.n_layer * (config.n_loop if config.recurrence == "none" else 1)
+        self.transformer = nn.ModuleDict(dict(
+            wte=nn.Embedding(config.vocab_size, config.n_embd),
+            h=nn.ModuleList([Block(config) for _ in range(n_blocks)]),
+            ln_f=RMSNorm(config.n_embd),
+        ))
+        if config.pos_emb == "learned":
+            self.transformer.wpe = nn.Embedding(config.block_size, config.n_embd)
+        if config.recurrence == "disco":
+            self.transformer.ln_inj = RMSNorm(config.n_embd)  # the RMSNorm of Eq. (3)
+            if config.disco_gate == "learned":  # Eq. (5): d+1 parameters shared by all loops
+                self.gate_w = nn.Parameter(torch.zeros(config.n_embd))
+                self.gate_b = nn.Parameter(torch.zeros(()))
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.lm_head.weight = self.transformer.wte.weight  # tied: W is both the embedding and the head
+        if config.pos_emb == "rope":
+            cos, sin = rope_cache(config.n_embd // config.n_head, config.block_size, config.rope_theta)
+            self.register_buffer("rope_cos", cos, persistent=False)
+            self.register_buffer("rope_sin", sin, persistent=False)
+        self.apply(self._init_weights)
+        # GPT-2 scaled init of the residual projections, by the depth one forward pass goes through
+        depth = config.n_layer * config.n_loop
+        for pn, p in self.named_parameters():
+            if pn.endswith("c_proj.weight"):
+                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * depth))
+
+    def _init_weights(self, module):
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    def get_num_params(self, non_embedding=True):
+        n = sum(p.numel() for p in self.parameters())
+        if non_embedding and self.config.pos_emb == "learned":
+            n -= self.transformer.wpe.weight.numel()
+        return n
+
+    # ---- pieces of the recurrence -------------------------------------------------------------
+    def head(self, h):
+        """LM head: final RMSNorm, then the tied projection. Logits in the activation dtype."""
+        return self.lm_head(self.transformer.ln_f(h))
+
+    def f_theta(self, x, copy=0):
+        """One application of f_theta; `copy` picks the untied copy for recurrence='none'."""
+        rope = (self.rope_cos, self.rope_sin) if self.config.pos_emb == "rope" else None
+        n = self.config.n_layer
+        for block in self.transformer.h[copy * n:(copy + 1) * n]:
+            x = block(x, rope)
+        return x
+
+    def phi(self, h):
+        """Decode-then-encode Phi(h) = softmax(head(h)/tau) @ W, exact or top-k (Appendix B).
+        The top-k path keeps only (B, T, k) probabilities for backward (embedding_bag sums the k
+        embedding rows without gathering a (B, T, k, d) tensor); the (B, chunk, V) logits of each
+        chunk are transient, since topk's and matmul's backward do not need them."""
+        cfg = self.config
+        W = self.transformer.wte.weight
+        x = self.transformer.ln_f(h)
+        chunk = cfg.disco_chunk or x.size(1)
+        out = []
+        for xs in x.split(chunk, dim=1):
+            logits = F.linear(xs, W).float() / cfg.disco_tau
+            if cfg.disco_topk:
+                vals, idx = logits.topk(cfg.disco_topk, dim=-1)
+                p = vals.softmax(dim=-1)
+                e = F.embedding_bag(idx.flatten(0, 1), W, per_sample_weights=p.flatten(0, 1).to(W.dtype),
+                                    mode="sum").view(*xs.shape[:2], -1)
+            else:
+                e = logits.softmax(dim=-1).to(W.dtype) @ W
+            out.append(e.to(h.dtype))
+        return torch.cat(out, dim=1)
+
+    def inject(self, h):
+        """H~ = H + a * RMSNorm(Phi(H)) (Eq. 3), with the fixed or learned gate (Eq. 5)."""
+        e = self.phi(h)
+        if self.config.disco_gate == "learned":
+            alpha = torch.sigmoid(e @ self.gate_w.to(e.dtype) + self.gate_b).unsqueeze(-1)
+        else:
+            alpha = self.config.disco_alpha
+        return h + alpha * self.transformer.ln_inj(e)
+
+    def gate_values(self, h):
+        """The learned gate a_t for a post-loop state h (B, T); for probing where DiscoLoop injects."""
+        return torch.sigmoid(self.phi(h) @ self.gate_w.to(h.dtype) + self.gate_b)
+
+    # ---- forward -----------------------------------------------------------------------------
+    def forward(self, idx, targets=None, n_loop=None, hook=None):
+        """Returns (logits (B, T, V), loss or None), like nanoGPT but with logits at every position.
+
+        n_loop: loops to run (default K). Fewer than K reads the head early (Stage-1 = 1); more than
+            K runs extra loops (not possible for recurrence='none', whose copies are untied).
+        hook: optional callable hook(k, h, h_next) run after loop k = 1..n_loop, where h is the
+            output of f_theta (PonderLM: of the full pass) and h_next is what feeds loop k+1 (for
+            disco the injected H~, for ponder the updated embedding; for the last loop, h). A return
+            value other than None replaces h_next. This is how probes read every loop's hidden
+            states and how the training-free intervention of Eq. (2) is applied.
+        """
+        cfg = self.config
+        B, T = idx.size()
+        if T > cfg.block_size:
+            raise ValueError(f"sequence length {T} exceeds block_size={cfg.block_size}")
+        K = cfg.n_loop if n_loop is None else n_loop
+        if K < 1 or (cfg.recurrence == "none" and K > cfg.n_loop):
+            raise ValueError(f"n_loop={K} is invalid: allowed 1.."
+                             f"{cfg.n_loop if cfg.recurrence == 'none' else 'any'} for recurrence={cfg.recurrence}")
+        x = self.transformer.wte(idx)
+        pos = self.transformer.wpe(torch.arange(T, device=idx.device)) if cfg.pos_emb == "learned" else None
+        if pos is not None and cfg.recurrence != "ponder":
+            x = x + pos  # positions enter once, with the tokens (GPT-2 style)
+        for k in range(1, K + 1):
+            last = k == K
+            if cfg.recurrence == "ponder":
+                # the whole model on the current embedding; PonderLM's GPT-2 adds positions every pass
+                h = self.f_theta(x + pos if pos is not None else x)
+                x_next = h if last else x + self.phi(h)
+            else:
+                h = self.f_theta(x, copy=k - 1 if cfg.recurrence == "none" else 0)
+                x_next = self.inject(h) if cfg.recurrence == "disco" and not last else h
+            if hook is not None:
+                replaced = hook(k, h, x_next)
+                x_next = x_next if replaced is None else replaced
+            x = x_next
+        logits = self.head(x)
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.view(-1),
+                                   ignore_index=-1, label_smoothing=cfg.label_smoothing)
+        return logits, loss
+
+    def flops_per_token(self, T):
+        """Forward+backward FLOPs per token (PaLM appendix B estimate), counting every loop."""
+        cfg = self.config
+        n_block_params = sum(p.numel() for p in self.transformer.h.parameters())
+        passes = cfg.n_loop if cfg.recurrence != "none" else 1
+        L = cfg.n_layer * cfg.n_loop
+        head = cfg.vocab_size * cfg.n_embd
+        extra = 0  # Phi: head matmul + mixing matmul per injection (k instead of V with top-k)
+        if cfg.recurrence in ("disco", "ponder"):
+            extra = (cfg.n_loop - 1) * (head + (cfg.disco_topk or cfg.vocab_size) * cfg.n_embd)
+        return 6 * (n_block_params * passes + head + extra) + 12 * L * cfg.n_embd * T

@@ -1,0 +1,138 @@
+"""
+Question-answer datasets (symbolic and natural-language two-hop): loading a prepared folder,
+training batches in a resumable order, and exact-match accuracy with Stage-1 read-out.
+
+A prepared folder has meta.json ({"vocab": [...], "splits": {name: {"file", "graph", "hops",
+"train"}}, "config": {...}}) and one text file per split, one example per line, tokens separated by
+spaces. The answer is the last token, or everything after a tab when the line has one (multi-token
+answers). Loss and accuracy cover only the answer tokens.
+"""
+import contextlib
+import json
+import os
+
+import numpy as np
+import torch
+
+
+class DataError(ValueError):
+    pass
+
+
+def load_meta(data_dir):
+    path = os.path.join(data_dir, "meta.json")
+    if not os.path.isfile(path):
+        raise DataError(f"no prepared dataset at '{data_dir}' (missing meta.json)")
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except json.JSONDecodeError as e:
+        raise DataError(f"'{path}' is not valid JSON ({e.msg} at line {e.lineno})") from None
+
+
+def encode_split(path, stoi):
+    """-> (X, Y) long tensors (N, T): inputs right-padded with 0, targets -1 except answer tokens."""
+    if not os.path.isfile(path):
+        raise DataError(f"split file '{path}' is missing")
+    rows = []
+    with open(path) as f:
+        for lineno, line in enumerate(f, 1):
+            line = line.rstrip("\n")
+            question, _, answer = line.partition("\t") if "\t" in line else line.rpartition(" ")
+            q, a = question.split(), answer.split()
+            if not q or not a:
+                raise DataError(f"{path}:{lineno}: expected a question and an answer, got {line!r}")
+            try:
+                rows.append(([stoi[t] for t in q], [stoi[t] for t in a]))
+            except KeyError as e:
+                raise DataError(f"{path}:{lineno}: token {e.args[0]!r} is not in the vocabulary") from None
+    if not rows:
+        raise DataError(f"split file '{path}' is empty")
+    T = max(len(q) + len(a) - 1 for q, a in rows)
+    X = torch.zeros(len(rows), T, dtype=torch.long)
+    Y = torch.full((len(rows), T), -1, dtype=torch.long)
+    for i, (q, a) in enumerate(rows):
+        seq = q + a
+        X[i, :len(seq) - 1] = torch.tensor(seq[:-1])
+        Y[i, len(q) - 1:len(seq) - 1] = torch.tensor(a)  # position t predicts token t+1
+    return X, Y
+
+
+def pad_to(t, T, value):
+    return torch.nn.functional.pad(t, (0, T - t.size(1)), value=value)
+
+
+class QAData:
+    """All splits of a prepared folder, as tensors (these datasets are small)."""
+
+    def __init__(self, data_dir):
+        self.data_dir = data_dir
+        self.meta = load_meta(data_dir)
+        self.stoi = {t: i for i, t in enumerate(self.meta["vocab"])}
+        self.splits = {s: encode_split(os.path.join(data_dir, info["file"]), self.stoi)
+                       for s, info in self.meta["splits"].items()}
+        self.train_splits = [s for s, info in self.meta["splits"].items() if info["train"]]
+        if not self.train_splits:
+            raise DataError(f"'{data_dir}' has no training split")
+        T = max(self.splits[s][0].size(1) for s in self.train_splits)
+        self.train_X = torch.cat([pad_to(self.splits[s][0], T, 0) for s in self.train_splits])
+        self.train_Y = torch.cat([pad_to(self.splits[s][1], T, -1) for s in self.train_splits])
+
+    @property
+    def vocab_size(self):
+        return len(self.meta["vocab"])
+
+    @property
+    def max_len(self):
+        return max(X.size(1) for X, _ in self.splits.values())
+
+    def steps_per_epoch(self, global_batch):
+        return max(1, len(self.train_X) // global_batch)
+
+    def get_batch(self, it, global_batch, part, n_parts, seed):
+        """Part `part` of `n_parts` of the global batch of iteration `it`. The order is a pure
+        function of (seed, epoch), so resuming at iteration `it` continues the exact same stream,
+        and DDP ranks x micro-steps see the same examples as one process with accumulation."""
+        spe = self.steps_per_epoch(global_batch)
+        epoch, step = divmod(it, spe)
+        perm = np.random.default_rng([seed, epoch]).permutation(len(self.train_X))
+        idx = perm[step * global_batch:(step + 1) * global_batch]
+        idx = torch.from_numpy(np.array_split(idx, n_parts)[part])
+        return self.train_X[idx], self.train_Y[idx]
+
+
+@torch.no_grad()
+def accuracy(model, X, Y, n_loop=None, batch_size=2048, hook=None, stage1=False, device="cpu", ctx=None):
+    """Exact match: a question is right when every answer token is the argmax (teacher-forced).
+    Returns (final accuracy, Stage-1 accuracy or None). Stage-1 reads the head off the state after
+    loop 1 in the same forward pass. `hook` is passed to model.forward (e.g. an intervention)."""
+    ctx = ctx or contextlib.nullcontext()
+    right, right1 = 0, 0
+    for i in range(0, len(X), batch_size):
+        x, y = X[i:i + batch_size].to(device), Y[i:i + batch_size].to(device)
+        first = {}
+
+        def grab(k, h, h_next):
+            if k == 1:
+                first["h"] = h
+            return hook(k, h, h_next) if hook is not None else None
+
+        with ctx:
+            logits, _ = model(x, n_loop=n_loop, hook=grab)
+            ok = (logits.argmax(-1) == y) | (y == -1)
+            right += ok.all(1).sum().item()
+            if stage1:
+                ok1 = (model.head(first["h"]).argmax(-1) == y) | (y == -1)
+                right1 += ok1.all(1).sum().item()
+    return right / len(X), (right1 / len(X) if stage1 else None)
+
+
+def evaluate_splits(model, data, n_loop=None, batch_size=2048, device="cpu", ctx=None):
+    """{'acc/<split>': final accuracy, 'acc1/<split>': Stage-1 accuracy} for every split."""
+    out = {}
+    for s, (X, Y) in data.splits.items():
+        acc, acc1 = accuracy(model, X, Y, n_loop=n_loop, batch_size=batch_size, stage1=True,
+                             device=device, ctx=ctx)
+        out[f"acc/{s}"], out[f"acc1/{s}"] = round(acc, 5), round(acc1, 5)
+    return out
+

@@ -1,0 +1,410 @@
+"""
+Train DiscoLoop or a baseline. Single process (CPU or one GPU):
+
+    python train.py config/symbolic.py
+    python train.py config/symbolic.py --recurrence=loop --out_dir=out/loop
+
+DDP, one node / several nodes:
+
+    torchrun --standalone --nproc_per_node=8 train.py config/pretrain.py
+    torchrun --nnodes=2 --node_rank=0 --nproc_per_node=8 --master_addr=HOST --master_port=29500 train.py config/pretrain.py
+
+Two kinds of data: question-answer folders (dataset='symbolic' or 'nl'; loss on answer tokens,
+accuracy per split at the final loop and at Stage-1) and token shards (dataset='pretrain'; loss
+on every token, validation loss). Defaults below are the symbolic recipe; config files override.
+"""
+import contextlib
+import json
+import math
+import os
+import signal
+import sys
+import time
+
+import torch
+import torch.nn.functional as F  # noqa: F401  (handy when forking)
+from torch.distributed import destroy_process_group, init_process_group
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from checkpoint import CheckpointError, config_mismatch, load_checkpoint, save_checkpoint, strip_compile_prefix
+from configurator import ConfigError, configure, die
+from model import GPT, GPTConfig
+from tasks import DataError
+
+# -----------------------------------------------------------------------------
+# I/O
+out_dir = "out/symbolic"
+eval_interval = 390          # iterations between evaluations and checkpoints (10 epochs)
+log_interval = 10
+eval_only = False
+init_from = "scratch"        # 'scratch' or 'resume' (from out_dir/ckpt.pt)
+wandb_log = False
+wandb_project = "discoloop"
+wandb_run_name = "run"
+# data
+dataset = "symbolic"         # 'symbolic' | 'nl' | 'pretrain'
+data_dir = "data/symbolic/out"
+prepare_args = ""            # passed to data/<dataset>/prepare.py when data_dir is missing
+batch_size = 512             # per process and micro-step
+gradient_accumulation_steps = 1  # total over all processes, as in nanoGPT
+block_size = 8
+eval_batch_size = 2048
+eval_iters = 50              # pretrain: validation batches per evaluation
+# model (see model.GPTConfig)
+n_layer = 1
+n_head = 6
+n_embd = 192
+n_hidden = 0
+dropout = 0.0
+pos_emb = "learned"
+rope_theta = 10000.0
+sandwich_norm = False
+recurrence = "disco"
+n_loop = 2
+disco_gate = "fixed"
+disco_alpha = 1.0
+disco_tau = 1.0
+disco_topk = 0
+disco_chunk = 0
+label_smoothing = 0.1
+# optimizer: AdamW on everything, or Muon on the 2-D block matrices + AdamW on the rest
+optimizer = "adamw"          # 'adamw' | 'muon'
+learning_rate = 3e-3
+max_iters = 17550           # 450 epochs of 39 iterations (20,000 examples / 512)
+weight_decay = 0.3           # matrices only
+beta1 = 0.9
+beta2 = 0.98
+adam_eps = 1e-8
+grad_clip = 1.0              # 0 disables
+muon_momentum = 0.95
+# learning-rate schedule: linear warmup, then cosine/linear decay to min_lr at lr_decay_iters
+decay_lr = True
+lr_schedule = "cosine"       # 'cosine' | 'linear'
+warmup_iters = 200
+lr_decay_iters = 17550
+min_lr = 3e-4
+# system
+device = "auto"              # 'auto' | 'cpu' | 'cuda' | 'cuda:1' | 'mps'
+dtype = "auto"               # 'auto' | 'float32' | 'bfloat16' | 'float16'
+compile = False
+seed = 0
+threads = 0                  # CPU threads (0 = torch default)
+peak_flops = 0.0             # per-device peak FLOP/s for MFU (0 = report TFLOP/s only; bench.py measures one)
+# -----------------------------------------------------------------------------
+config_keys = [k for k, v in globals().items() if not k.startswith("_") and isinstance(v, (int, float, bool, str))]
+try:
+    globals().update(configure({k: globals()[k] for k in config_keys}, sys.argv[1:]))
+except ConfigError as e:
+    die(e)
+config = {k: globals()[k] for k in config_keys}
+# -----------------------------------------------------------------------------
+
+for key, allowed in (("dataset", ("symbolic", "nl", "pretrain")), ("init_from", ("scratch", "resume")),
+                     ("optimizer", ("adamw", "muon")), ("lr_schedule", ("cosine", "linear")),
+                     ("dtype", ("auto", "float32", "bfloat16", "float16"))):
+    if config[key] not in allowed:
+        die(f"{key}={config[key]!r} is invalid: allowed {allowed}")
+for key in ("batch_size", "gradient_accumulation_steps", "eval_interval", "log_interval", "eval_batch_size", "eval_iters"):
+    if config[key] < 1:
+        die(f"{key}={config[key]} must be >= 1")
+if max_iters < 0 or learning_rate <= 0 or min_lr < 0 or grad_clip < 0 or weight_decay < 0:
+    die("max_iters, weight_decay, min_lr and grad_clip must be >= 0 and learning_rate > 0")
+
+# distributed setup (nanoGPT's): torchrun sets RANK, LOCAL_RANK and WORLD_SIZE
+ddp = int(os.environ.get("RANK", -1)) != -1
+if device == "auto":
+    device = "cuda" if torch.cuda.is_available() else ("mps" if torch.backends.mps.is_available() else "cpu")
+if device.startswith("cuda") and not torch.cuda.is_available():
+    die(f"device={device!r} but CUDA is not available here: use --device=cpu")
+if ddp:
+    rank, local_rank, world_size = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"])
+    init_process_group(backend="nccl" if device.startswith("cuda") else "gloo")
+    if device.startswith("cuda"):
+        device = f"cuda:{local_rank}"
+        torch.cuda.set_device(device)
+    if gradient_accumulation_steps % world_size:
+        die(f"gradient_accumulation_steps={gradient_accumulation_steps} must be a multiple of WORLD_SIZE={world_size}")
+else:
+    rank, local_rank, world_size = 0, 0, 1
+master = rank == 0
+accum_local = gradient_accumulation_steps // world_size
+global_batch = batch_size * gradient_accumulation_steps
+device_type = "cuda" if device.startswith("cuda") else device.split(":")[0]
+if threads:
+    torch.set_num_threads(threads)
+
+
+def cpu_has_bf16():
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = f.read()
+        return "avx512_bf16" in flags or "amx_bf16" in flags
+    except OSError:
+        return False
+
+
+if dtype == "auto":  # bf16 where the hardware has it (this CPU: ~2x faster than fp32), else fp32/fp16
+    if device_type == "cuda":
+        dtype = "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
+    else:
+        dtype = "bfloat16" if device_type == "cpu" and cpu_has_bf16() else "float32"
+ptdtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+ctx = contextlib.nullcontext() if dtype == "float32" else torch.autocast(device_type=device_type, dtype=ptdtype)
+if device_type == "cuda":
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
+
+# -----------------------------------------------------------------------------
+# data
+data_dir = os.path.abspath(data_dir)
+try:
+    if dataset == "pretrain":
+        from shards import TokenShards
+        if not os.path.exists(data_dir):
+            die(f"no token shards at '{data_dir}': run data/pretrain/prepare.py first")
+        train_data, val_data = TokenShards(data_dir, "train"), TokenShards(data_dir, "val")
+        vocab_size, data_config = train_data.vocab_size, train_data.meta.get("config", {})
+    else:
+        import importlib.util
+        from tasks import QAData, evaluate_splits
+        prep_path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", dataset, "prepare.py")
+        spec = importlib.util.spec_from_file_location(f"prepare_{dataset}", prep_path)
+        prep = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(prep)
+        if master:  # prepare on first use (a no-op with a config check when it exists)
+            prep.prepare(configure(prep.DEFAULTS, [f"--out_dir={data_dir}"] + prepare_args.split()))
+        if ddp:
+            torch.distributed.barrier()
+        data = QAData(data_dir)
+        vocab_size, data_config = data.vocab_size, data.meta["config"]
+        if data.max_len > block_size:
+            die(f"block_size={block_size} is shorter than the longest example ({data.max_len} tokens)")
+except (DataError, ConfigError) as e:
+    die(e)
+
+# -----------------------------------------------------------------------------
+# model, optimizer, checkpoint
+model_fields = [k for k in GPTConfig.__dataclass_fields__ if k != "vocab_size"]
+ckpt_path = os.path.join(out_dir, "ckpt.pt")
+iter_num, ckpt = 0, None
+if init_from == "resume":
+    try:
+        ckpt = load_checkpoint(ckpt_path)
+    except CheckpointError as e:
+        die(e)
+    why = config_mismatch(ckpt["model_args"], {**config, "vocab_size": vocab_size}, model_fields + ["vocab_size"]) \
+        or config_mismatch(ckpt.get("data_config", {}), data_config, list(data_config))
+    if why:
+        die(f"cannot resume from {ckpt_path}: {why}")
+    iter_num = ckpt["iter_num"]
+try:
+    model_args = {k: config[k] for k in model_fields} | {"vocab_size": vocab_size}
+    model = GPT(GPTConfig(**model_args))
+except ValueError as e:
+    die(e)
+if ckpt is not None:
+    model.load_state_dict(strip_compile_prefix(ckpt["model"]))
+model.to(device)
+
+
+def configure_optimizers(model):
+    """Weight decay on matrices only. With 'muon', the block matrices (2-D, inside f_theta) go to
+    torch.optim.Muon (scaled to AdamW-like lr by match_rms_adamw); embeddings, norms, gates -> AdamW."""
+    params = {n: p for n, p in model.named_parameters() if p.requires_grad}
+    muon_names = [n for n, p in params.items() if optimizer == "muon" and p.dim() == 2 and n.startswith("transformer.h.")]
+    decay = [p for n, p in params.items() if p.dim() >= 2 and n not in muon_names]
+    no_decay = [p for n, p in params.items() if p.dim() < 2]
+    fused = device_type == "cuda"
+    opts = [torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay},
+                               {"params": no_decay, "weight_decay": 0.0}],
+                              lr=learning_rate, betas=(beta1, beta2), eps=adam_eps, fused=fused)]
+    if muon_names:
+        opts.append(torch.optim.Muon([params[n] for n in muon_names], lr=learning_rate, weight_decay=weight_decay,
+                                     momentum=muon_momentum, adjust_lr_fn="match_rms_adamw"))
+    return opts
+
+
+optimizers = configure_optimizers(model)
+if ckpt is not None:
+    for opt, state in zip(optimizers, ckpt["optimizers"]):
+        opt.load_state_dict(state)
+    torch.set_rng_state(ckpt["rng_cpu"])
+    if device_type == "cuda" and "rng_cuda" in ckpt:
+        torch.cuda.set_rng_state(ckpt["rng_cuda"])
+else:
+    torch.manual_seed(seed + rank)
+scaler = torch.amp.GradScaler(device_type, enabled=(dtype == "float16"))
+raw_model = model
+if compile:
+    try:
+        model = torch.compile(model)
+        if master:
+            print("compiling the model with torch.compile (first steps are slow)")
+    except Exception as e:  # e.g. no C compiler, unsupported platform: eager still works
+        print(f"torch.compile unavailable ({type(e).__name__}: {e}); running eager")
+if ddp:
+    model = DDP(model, device_ids=[local_rank] if device_type == "cuda" else None)
+del ckpt
+
+
+def get_lr(it):
+    if not decay_lr:
+        return learning_rate
+    if it < warmup_iters:
+        return learning_rate * (it + 1) / (warmup_iters + 1)
+    if it > lr_decay_iters:
+        return min_lr
+    ratio = (it - warmup_iters) / max(1, lr_decay_iters - warmup_iters)
+    coeff = 0.5 * (1.0 + math.cos(math.pi * ratio)) if lr_schedule == "cosine" else 1.0 - ratio
+    return min_lr + coeff * (learning_rate - min_lr)
+
+
+def get_batch(it, micro):
+    part = rank * accum_local + micro
+    if dataset == "pretrain":
+        x, y = train_data.get_batch(batch_size, block_size, [seed, it, part])
+    else:
+        x, y = data.get_batch(it, global_batch, part, gradient_accumulation_steps, seed)
+    if device_type == "cuda":
+        return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
+    return x.to(device), y.to(device)
+
+
+@torch.no_grad()
+def evaluate():
+    raw_model.eval()
+    if dataset == "pretrain":
+        losses = []
+        for i in range(eval_iters):  # fixed windows, the same at every evaluation
+            x, y = val_data.get_batch(batch_size, block_size, [seed, 10**9, i])
+            with ctx:
+                losses.append(raw_model(x.to(device), y.to(device))[1].item())
+        out = {"val_loss": round(sum(losses) / len(losses), 5)}
+    else:
+        out = evaluate_splits(raw_model, data, batch_size=eval_batch_size, device=device, ctx=ctx)
+    raw_model.train()
+    return out
+
+
+def checkpoint_obj():
+    obj = {"model": raw_model.state_dict(), "optimizers": [o.state_dict() for o in optimizers],
+           "model_args": model_args, "config": config, "data_config": data_config,
+           "iter_num": iter_num, "rng_cpu": torch.get_rng_state()}
+    if device_type == "cuda":
+        obj["rng_cuda"] = torch.cuda.get_rng_state()
+    return obj
+
+
+# metrics.jsonl: on resume drop entries written after the checkpoint, so the file reads as one run
+metrics_path = os.path.join(out_dir, "metrics.jsonl")
+if master:
+    os.makedirs(out_dir, exist_ok=True)
+    if init_from == "scratch" and os.path.exists(metrics_path):
+        os.remove(metrics_path)
+    elif os.path.exists(metrics_path):
+        with open(metrics_path) as f:
+            keep = [line for line in f if line.strip() and json.loads(line)["iter"] <= iter_num]
+        with open(metrics_path, "w") as f:
+            f.writelines(keep)
+    with open(os.path.join(out_dir, "config.json"), "w") as f:
+        json.dump(config | {"vocab_size": vocab_size}, f, indent=1)
+    print(f"{recurrence} K={n_loop}: {raw_model.get_num_params() / 1e6:.3f}M parameters, device {device}, dtype {dtype}"
+          + (f", world size {world_size}" if ddp else ""))
+if wandb_log and master:
+    import wandb
+    wandb.init(project=wandb_project, name=wandb_run_name, config=config, resume="allow")
+
+stop_requested = False
+
+
+def request_stop(signum, frame):  # SIGTERM / Ctrl-C: finish the step, save, exit cleanly
+    global stop_requested
+    stop_requested = True
+
+
+signal.signal(signal.SIGTERM, request_stop)
+signal.signal(signal.SIGINT, request_stop)
+
+# -----------------------------------------------------------------------------
+n_train = data.train_X.size(0) if dataset != "pretrain" else 0
+steps_per_epoch = data.steps_per_epoch(global_batch) if dataset != "pretrain" else 0
+seq_len = block_size if dataset == "pretrain" else data.train_X.size(1)  # QA batches are padded to the data
+tokens_per_iter = global_batch * seq_len
+flops_per_iter = raw_model.flops_per_token(seq_len) * tokens_per_iter
+if master and dataset == "pretrain":
+    print(f"tokens per iteration {tokens_per_iter:,} ({world_size} processes x {accum_local} micro-steps x "
+          f"{batch_size} x {block_size}); {max_iters} iterations = {tokens_per_iter * max_iters:,} tokens")
+bar = None
+if master:
+    from tqdm import tqdm
+    bar = tqdm(total=max_iters, initial=iter_num, dynamic_ncols=True, disable=None, mininterval=1.0)
+last, t0, t_start = {}, time.time(), time.time()
+while True:
+    if iter_num % eval_interval == 0 or iter_num >= max_iters or stop_requested:
+        if master and not stop_requested:  # on a stop request: save at once, evaluate after resuming
+            metrics = {"iter": iter_num, "time": round(time.time() - t_start, 2)}
+            if steps_per_epoch:
+                metrics["epoch"] = round(iter_num / steps_per_epoch, 2)
+            metrics |= evaluate() | last
+            with open(metrics_path, "a") as f:
+                f.write(json.dumps(metrics) + "\n")
+            if wandb_log:
+                wandb.log(metrics, step=iter_num)
+            bar.set_postfix({k.replace("acc/", ""): v for k, v in metrics.items()
+                             if k.startswith("acc/test") or k == "val_loss"}, refresh=False)
+            bar.write(json.dumps(metrics))
+        if master and (iter_num > 0 or eval_only):
+            save_checkpoint(checkpoint_obj(), ckpt_path)
+        if eval_only or iter_num >= max_iters or stop_requested:
+            if master and stop_requested:
+                print(f"stopped at iteration {iter_num}; checkpoint saved, continue with --init_from=resume")
+            break
+
+    lr = get_lr(iter_num)
+    for opt in optimizers:
+        for group in opt.param_groups:
+            group["lr"] = lr
+    loss_sum = torch.zeros((), device=device)
+    for micro in range(accum_local):
+        x, y = get_batch(iter_num, micro)
+        sync = contextlib.nullcontext() if (not ddp or micro == accum_local - 1) else model.no_sync()
+        with sync:
+            with ctx:
+                _, loss = model(x, y)
+                loss = loss / accum_local
+            scaler.scale(loss).backward()
+        loss_sum += loss.detach().float()
+    loss_sum = loss_sum.item()  # one sync per iteration, also the NaN/Inf check
+    if not math.isfinite(loss_sum):
+        # never checkpoint poisoned weights: the last good checkpoint stays as it is
+        die(f"loss is {loss_sum} at iteration {iter_num}; stopping, last good checkpoint kept at {ckpt_path} "
+            "(try a lower learning_rate or dtype=float32)")
+    if grad_clip > 0:
+        for opt in optimizers:
+            scaler.unscale_(opt)
+        torch.nn.utils.clip_grad_norm_(raw_model.parameters(), grad_clip)
+    for opt in optimizers:
+        scaler.step(opt)
+    scaler.update()
+    for opt in optimizers:
+        opt.zero_grad(set_to_none=True)
+    iter_num += 1
+    if ddp:  # the loss on this rank; average it so every rank logs the same number
+        t = torch.tensor(loss_sum, device=device)
+        torch.distributed.all_reduce(t)
+        loss_sum = t.item() / world_size
+    if master:
+        bar.update(1)
+        if iter_num % log_interval == 0:
+            dt = (time.time() - t0) / log_interval
+            t0 = time.time()
+            last = {"loss": round(loss_sum, 5), "lr": lr, "tok_per_s": round(tokens_per_iter / dt),
+                    "tflops": round(flops_per_iter / dt / world_size / 1e12, 4)}
+            if peak_flops:
+                last["mfu"] = round(flops_per_iter / dt / world_size / peak_flops, 4)
+            bar.set_description(f"loss {loss_sum:.4f}", refresh=False)
+
+if bar is not None:
+    bar.close()
+if ddp:
+    destroy_process_group()
