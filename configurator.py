@@ -69,5 +69,8 @@ def configure(defaults, argv):
             if "=" not in arg:
                 raise ConfigError(f"override '{arg}' must look like --key=value")
             key, text = arg[2:].split("=", 1)
-            config[key] = _check(key, parse_value(text), defaults, "command line")
+            value = parse_value(text)
+            if isinstance(defaults.get(key), str) and not isinstance(value, str):
+                value = text  # --wandb_run_name=123 means the string "123"
+            config[key] = _check(key, value, defaults, "command line")
     return config

@@ -20,6 +20,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 RECURRENCES = ("none", "loop", "disco", "ponder")
+NORMS = ("rmsnorm", "layernorm")
+MLPS = ("swiglu", "gelu")
 POS_EMBS = ("rope", "learned", "none")
 GATES = ("fixed", "learned")
 
@@ -36,6 +38,9 @@ class GPTConfig:
     pos_emb: str = "rope"      # "rope" (pretraining backbone) or "learned" (GPT-2 base of the symbolic runs)
     rope_theta: float = 10000.0
     sandwich_norm: bool = False  # Ouro-style: also norm each sublayer's output before the residual add
+    norm: str = "rmsnorm"      # "rmsnorm" or "layernorm" (GPT-2) for the blocks and ln_f
+    mlp: str = "swiglu"        # "swiglu" or "gelu" (GPT-2: 4d hidden)
+    bias: bool = False         # biases in Linear layers and LayerNorm (GPT-2 has them)
     recurrence: str = "disco"
     n_loop: int = 2            # K
     disco_gate: str = "fixed"  # "fixed": a = disco_alpha; "learned": a_t = sigmoid(<w, Phi(H_t)> + b)
@@ -57,6 +62,10 @@ class GPTConfig:
             bad("pos_emb", POS_EMBS)
         if self.pos_emb == "rope" and (self.n_embd // self.n_head) % 2:
             raise ValueError(f"rope needs an even head size, got n_embd/n_head={self.n_embd // self.n_head}")
+        if self.norm not in NORMS:
+            bad("norm", NORMS)
+        if self.mlp not in MLPS:
+            bad("mlp", MLPS)
         if self.recurrence not in RECURRENCES:
             bad("recurrence", RECURRENCES)
         if self.disco_gate not in GATES:
@@ -91,15 +100,26 @@ class RMSNorm(nn.Module):
         return F.rms_norm(x, (x.size(-1),), self.weight, self.eps)
 
 
+def make_norm(config):
+    if config.norm == "layernorm":
+        return nn.LayerNorm(config.n_embd, bias=config.bias)
+    return RMSNorm(config.n_embd)
+
+
 def rope_cache(head_dim, block_size, theta):
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
     freqs = torch.outer(torch.arange(block_size, dtype=torch.float32), inv_freq)
     return freqs.cos(), freqs.sin()  # (T, head_dim/2) each
 
 
+def upcast(x):
+    """At least float32 (bf16/fp16 -> fp32), never lower (fp64 stays fp64)."""
+    return x.to(torch.promote_types(x.dtype, torch.float32))
+
+
 def apply_rope(x, cos, sin):
     # x: (B, nh, T, hs); rotate the two halves of each head (GPT-NeoX / Llama convention)
-    x1, x2 = x.float().chunk(2, dim=-1)
+    x1, x2 = upcast(x).chunk(2, dim=-1)
     y = torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
     return y.type_as(x)
 
@@ -108,8 +128,8 @@ class CausalSelfAttention(nn.Module):
     def __init__(self, config):
         super().__init__()
         self.n_head = config.n_head
-        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=False)
-        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=False)
+        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
+        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.dropout = config.dropout
 
     def forward(self, x, rope=None):
@@ -124,28 +144,32 @@ class CausalSelfAttention(nn.Module):
         return self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C))
 
 
-class MLP(nn.Module):  # SwiGLU
+class MLP(nn.Module):  # SwiGLU (Llama/Ouro) or GELU (GPT-2)
     def __init__(self, config):
         super().__init__()
-        hidden = config.n_hidden or 64 * math.ceil(8 * config.n_embd / 3 / 64)
-        self.c_fc = nn.Linear(config.n_embd, 2 * hidden, bias=False)
-        self.c_proj = nn.Linear(hidden, config.n_embd, bias=False)
+        self.swiglu = config.mlp == "swiglu"
+        auto = 64 * math.ceil(8 * config.n_embd / 3 / 64) if self.swiglu else 4 * config.n_embd
+        hidden = config.n_hidden or auto
+        self.c_fc = nn.Linear(config.n_embd, (2 if self.swiglu else 1) * hidden, bias=config.bias)
+        self.c_proj = nn.Linear(hidden, config.n_embd, bias=config.bias)
 
     def forward(self, x):
-        gate, up = self.c_fc(x).chunk(2, dim=-1)
-        return self.c_proj(F.silu(gate) * up)
+        if self.swiglu:
+            gate, up = self.c_fc(x).chunk(2, dim=-1)
+            return self.c_proj(F.silu(gate) * up)
+        return self.c_proj(F.gelu(self.c_fc(x), approximate="tanh"))
 
 
 class Block(nn.Module):
     def __init__(self, config):
         super().__init__()
-        self.ln_1 = RMSNorm(config.n_embd)
+        self.ln_1 = make_norm(config)
         self.attn = CausalSelfAttention(config)
-        self.ln_2 = RMSNorm(config.n_embd)
+        self.ln_2 = make_norm(config)
         self.mlp = MLP(config)
         # sandwich norm (Ouro): normalize each sublayer's output too
-        self.ln_1b = RMSNorm(config.n_embd) if config.sandwich_norm else nn.Identity()
-        self.ln_2b = RMSNorm(config.n_embd) if config.sandwich_norm else nn.Identity()
+        self.ln_1b = make_norm(config) if config.sandwich_norm else nn.Identity()
+        self.ln_2b = make_norm(config) if config.sandwich_norm else nn.Identity()
         self.drop = nn.Dropout(config.dropout)
 
     def forward(self, x, rope=None):
@@ -162,7 +186,7 @@ class GPT(nn.Module):
         self.transformer = nn.ModuleDict(dict(
             wte=nn.Embedding(config.vocab_size, config.n_embd),
             h=nn.ModuleList([Block(config) for _ in range(n_blocks)]),
-            ln_f=RMSNorm(config.n_embd),
+            ln_f=make_norm(config),
         ))
         if config.pos_emb == "learned":
             self.transformer.wpe = nn.Embedding(config.block_size, config.n_embd)
@@ -187,6 +211,8 @@ class GPT(nn.Module):
     def _init_weights(self, module):
         if isinstance(module, (nn.Linear, nn.Embedding)):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
 
     def get_num_params(self, non_embedding=True):
         n = sum(p.numel() for p in self.parameters())
@@ -218,7 +244,7 @@ class GPT(nn.Module):
         chunk = cfg.disco_chunk or x.size(1)
         out = []
         for xs in x.split(chunk, dim=1):
-            logits = F.linear(xs, W).float() / cfg.disco_tau
+            logits = upcast(F.linear(xs, W)) / cfg.disco_tau
             if cfg.disco_topk:
                 vals, idx = logits.topk(cfg.disco_topk, dim=-1)
                 p = vals.softmax(dim=-1)
@@ -282,7 +308,7 @@ class GPT(nn.Module):
         logits = self.head(x)
         loss = None
         if targets is not None:
-            loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.view(-1),
+            loss = F.cross_entropy(upcast(logits).view(-1, logits.size(-1)), targets.view(-1),
                                    ignore_index=-1, label_smoothing=cfg.label_smoothing)
         return logits, loss
 

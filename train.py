@@ -59,6 +59,9 @@ dropout = 0.0
 pos_emb = "learned"
 rope_theta = 10000.0
 sandwich_norm = False
+norm = "rmsnorm"
+mlp = "swiglu"
+bias = False
 recurrence = "disco"
 n_loop = 2
 disco_gate = "fixed"
@@ -197,6 +200,7 @@ if init_from == "resume":
     if why:
         die(f"cannot resume from {ckpt_path}: {why}")
     iter_num = ckpt["iter_num"]
+torch.manual_seed(seed)  # same initial weights on every rank (DDP also broadcasts rank 0's)
 try:
     model_args = {k: config[k] for k in model_fields} | {"vocab_size": vocab_size}
     model = GPT(GPTConfig(**model_args))
@@ -231,8 +235,6 @@ if ckpt is not None:
     torch.set_rng_state(ckpt["rng_cpu"])
     if device_type == "cuda" and "rng_cuda" in ckpt:
         torch.cuda.set_rng_state(ckpt["rng_cuda"])
-else:
-    torch.manual_seed(seed + rank)
 scaler = torch.amp.GradScaler(device_type, enabled=(dtype == "float16"))
 raw_model = model
 if compile:
@@ -339,9 +341,10 @@ if master:
     from tqdm import tqdm
     bar = tqdm(total=max_iters, initial=iter_num, dynamic_ncols=True, disable=None, mininterval=1.0)
 last, t0, t_start = {}, time.time(), time.time()
+resumed_at = iter_num if init_from == "resume" else -1  # its evaluation is already in metrics.jsonl
 while True:
     if iter_num % eval_interval == 0 or iter_num >= max_iters or stop_requested:
-        if master and not stop_requested:  # on a stop request: save at once, evaluate after resuming
+        if master and not stop_requested and iter_num != resumed_at:  # on a stop request: save at once, evaluate after resuming
             metrics = {"iter": iter_num, "time": round(time.time() - t_start, 2)}
             if steps_per_epoch:
                 metrics["epoch"] = round(iter_num / steps_per_epoch, 2)
@@ -353,7 +356,7 @@ while True:
             bar.set_postfix({k.replace("acc/", ""): v for k, v in metrics.items()
                              if k.startswith("acc/test") or k == "val_loss"}, refresh=False)
             bar.write(json.dumps(metrics))
-        if master and (iter_num > 0 or eval_only):
+        if master and (iter_num > 0 or eval_only) and iter_num != resumed_at:
             save_checkpoint(checkpoint_obj(), ckpt_path)
         if eval_only or iter_num >= max_iters or stop_requested:
             if master and stop_requested:

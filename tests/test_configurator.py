@@ -1,0 +1,68 @@
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from configurator import ConfigError, configure, parse_value
+
+DEFAULTS = {"batch_size": 64, "learning_rate": 3e-3, "compile": False, "device": "cpu", "recurrence": "disco"}
+
+
+def test_file_then_overrides(tmp_path):
+    cfg = tmp_path / "c.py"
+    cfg.write_text("import math\nbatch_size = 32\nlearning_rate = 1  # int where float is expected\n_private = 3\n")
+    out = configure(DEFAULTS, [str(cfg), "--device=cuda", "--compile=True"])
+    assert out == {**DEFAULTS, "batch_size": 32, "learning_rate": 1.0, "device": "cuda", "compile": True}
+    assert type(out["learning_rate"]) is float
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["--batch_sise=3"], "unknown config key 'batch_sise'"),
+    (["--batch_sise=3"], "did you mean 'batch_size'"),
+    (["--batch_size=3.5"], "batch_size=3.5"),
+    (["--compile=1"], "expected bool"),
+    (["--learning_rate=fast"], "learning_rate='fast'"),
+    (["nope/missing.py"], "config file 'nope/missing.py' not found"),
+    (["--batch_size"], "must look like --key=value"),
+])
+def test_errors_name_the_problem(argv, needle):
+    with pytest.raises(ConfigError, match=needle.replace("(", r"\(").replace(".", r"\.")):
+        configure(DEFAULTS, argv)
+
+
+def test_bad_key_in_file(tmp_path):
+    cfg = tmp_path / "c.py"
+    cfg.write_text("recurence = 'loop'\n")
+    with pytest.raises(ConfigError, match="recurence.*did you mean 'recurrence'"):
+        configure(DEFAULTS, [str(cfg)])
+
+
+def test_broken_file(tmp_path):
+    cfg = tmp_path / "c.py"
+    cfg.write_text("batch_size = = 3\n")
+    with pytest.raises(ConfigError, match="SyntaxError"):
+        configure(DEFAULTS, [str(cfg)])
+
+
+values = st.one_of(st.integers(-10**6, 10**6), st.floats(allow_nan=False, allow_infinity=False),
+                   st.booleans(), st.text(alphabet="abcxyz_-/.", min_size=1, max_size=8))
+
+
+@settings(max_examples=300, deadline=None)
+@given(key=st.sampled_from(sorted(DEFAULTS) + ["bogus", "batchsize"]), value=values)
+def test_property_override_type_checked(key, value):
+    """Any override either lands with the default's type (int accepted for float) or raises
+    ConfigError; it never crashes otherwise and never changes another key."""
+    arg = f"--{key}={value!r}" if isinstance(value, str) else f"--{key}={value}"
+    try:
+        out = configure(DEFAULTS, [arg])
+    except ConfigError as e:
+        assert key in str(e)
+        return
+    want = type(DEFAULTS[key])
+    assert type(out[key]) is want
+    expected = float(value) if want is float else (value if want is not str or isinstance(value, str) else arg.split("=", 1)[1])
+    assert out[key] == expected
+    assert {k: v for k, v in out.items() if k != key} == {k: v for k, v in DEFAULTS.items() if k != key}
+
+
+def test_parse_value_bare_words():
+    assert parse_value("cpu") == "cpu" and parse_value("3") == 3 and parse_value("False") is False

@@ -1,0 +1,151 @@
+"""Every recurrence equals the paper's equations recomputed by hand from the model's own blocks."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from model import GPT, GPTConfig
+
+
+def make(recurrence, K, pos_emb="rope", **kw):
+    torch.manual_seed(0)
+    cfg = GPTConfig(block_size=16, vocab_size=37, n_layer=2, n_head=2, n_embd=16, pos_emb=pos_emb,
+                    recurrence=recurrence, n_loop=K, **kw)
+    model = GPT(cfg).double().eval()
+    with torch.no_grad():  # non-trivial norms and gate so that every term matters
+        for n, p in model.named_parameters():
+            if "ln" in n or n.startswith("gate"):
+                p.add_(0.3 * torch.randn_like(p))
+    return model
+
+
+def rmsnorm(x, w, eps=1e-6):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+
+
+def reference(model, idx, K):
+    """Eq. (1), (3)-(5), the stacked baseline and PonderLM written out directly."""
+    cfg, tr = model.config, model.transformer
+    W = tr.wte.weight
+    rope = (model.rope_cos, model.rope_sin) if cfg.pos_emb == "rope" else None
+    pos = tr.wpe.weight[:idx.size(1)] if cfg.pos_emb == "learned" else 0
+
+    def f(x, copy=0):
+        for b in tr.h[copy * cfg.n_layer:(copy + 1) * cfg.n_layer]:
+            x = b(x, rope)
+        return x
+
+    def head(h):
+        return rmsnorm(h, tr.ln_f.weight) @ W.T
+
+    def phi(h):
+        logits = head(h) / cfg.disco_tau
+        if cfg.disco_topk:  # Phi_k: mask everything outside the top-k, renormalize
+            kth = logits.topk(cfg.disco_topk, dim=-1).values[..., -1:]
+            logits = logits.masked_fill(logits < kth, float("-inf"))
+        return logits.softmax(-1) @ W
+
+    x = W[idx]
+    if cfg.recurrence == "ponder":
+        e = x
+        for k in range(K):
+            h = f(e + pos)
+            if k < K - 1:
+                e = e + phi(h)
+        return head(h)
+    x = x + pos
+    for k in range(K):
+        h = f(x, copy=k if cfg.recurrence == "none" else 0)
+        if cfg.recurrence == "disco" and k < K - 1:
+            p = phi(h)
+            if cfg.disco_gate == "learned":
+                alpha = torch.sigmoid(p @ model.gate_w + model.gate_b)[..., None]
+            else:
+                alpha = cfg.disco_alpha
+            x = h + alpha * rmsnorm(p, tr.ln_inj.weight)
+        else:
+            x = h
+    return head(x)
+
+
+CASES = [("none", {}), ("loop", {}), ("disco", {}), ("disco", {"disco_topk": 5}),
+         ("disco", {"disco_gate": "learned"}), ("disco", {"disco_gate": "learned", "disco_topk": 3, "disco_tau": 0.7}),
+         ("disco", {"disco_alpha": 0.4, "disco_chunk": 3}), ("ponder", {}), ("ponder", {"disco_topk": 4})]
+
+
+@pytest.mark.parametrize("K", [2, 3])
+@pytest.mark.parametrize("pos_emb", ["rope", "learned"])
+@pytest.mark.parametrize("recurrence,kw", CASES)
+def test_matches_hand_recurrence(recurrence, kw, K, pos_emb):
+    model = make(recurrence, K, pos_emb, **kw)
+    idx = torch.randint(0, 37, (3, 11))
+    logits, _ = model(idx)
+    torch.testing.assert_close(logits, reference(model, idx, K), rtol=1e-9, atol=1e-9)
+
+
+def test_baselines_differ_from_disco():
+    # guards the reference itself: the recurrences must not coincide
+    idx = torch.randint(0, 37, (2, 7))
+    outs = {r: make(r, 2)(idx)[0] for r in ("loop", "disco", "ponder")}
+    assert not torch.allclose(outs["loop"], outs["disco"]) and not torch.allclose(outs["disco"], outs["ponder"])
+
+
+def test_topk_equal_to_vocab_is_exact():
+    idx = torch.randint(0, 37, (2, 7))
+    torch.testing.assert_close(make("disco", 2)(idx)[0], make("disco", 2, disco_topk=37)(idx)[0])
+
+
+@pytest.mark.parametrize("recurrence", ["none", "loop", "disco", "ponder"])
+def test_n_loop_reads_early_and_hook_sees_every_loop(recurrence):
+    model = make(recurrence, 3)
+    idx = torch.randint(0, 37, (2, 6))
+    seen = []
+    logits, _ = model(idx, hook=lambda k, h, nxt: seen.append((k, h, nxt)))
+    assert [k for k, _, _ in seen] == [1, 2, 3]
+    # Stage-1: head on the state after loop 1 == forward with n_loop=1
+    torch.testing.assert_close(model(idx, n_loop=1)[0], model.head(seen[0][1]))
+    torch.testing.assert_close(logits, model.head(seen[-1][2]))
+    if recurrence == "none":
+        with pytest.raises(ValueError, match="n_loop=4"):
+            model(idx, n_loop=4)
+    else:
+        assert model(idx, n_loop=5)[0].shape == logits.shape
+
+
+def test_hook_replacement_changes_next_loop():
+    model = make("loop", 2)
+    idx = torch.randint(0, 37, (2, 6))
+    base = model(idx)[0]
+    out = model(idx, hook=lambda k, h, nxt: torch.zeros_like(nxt) if k == 1 else None)[0]
+    torch.testing.assert_close(out, model.head(model.f_theta(torch.zeros(2, 6, 16, dtype=torch.double))))
+    assert not torch.allclose(out, base)
+
+
+def test_loss_only_on_targets_and_backward():
+    model = make("disco", 2, disco_topk=4, disco_gate="learned").float().train()
+    idx = torch.randint(0, 37, (4, 5))
+    y = torch.full_like(idx, -1)
+    y[:, -1] = idx[:, 0]
+    logits, loss = model(idx, y)
+    torch.testing.assert_close(loss, F.cross_entropy(logits[:, -1].float(), idx[:, 0]))
+    loss.backward()
+    assert model.gate_w.grad.abs().sum() > 0 and model.transformer.wte.weight.grad.abs().sum() > 0
+
+
+def test_param_counts():
+    d = GPTConfig(vocab_size=37, n_layer=2, n_head=2, n_embd=16, n_loop=3)
+    loop = GPT(GPTConfig(**{**d.__dict__, "recurrence": "loop"}))
+    flat = GPT(GPTConfig(**{**d.__dict__, "recurrence": "none"}))
+    gated = GPT(GPTConfig(**{**d.__dict__, "recurrence": "disco", "disco_gate": "learned"}))
+    fixed = GPT(GPTConfig(**{**d.__dict__, "recurrence": "disco"}))
+    blocks = sum(p.numel() for p in loop.transformer.h.parameters())
+    assert flat.get_num_params() - loop.get_num_params() == 2 * blocks  # K untied copies
+    assert gated.get_num_params() - fixed.get_num_params() == 16 + 1    # d+1 gate parameters
+
+
+@pytest.mark.parametrize("kw,needle", [
+    ({"n_loop": 0}, "n_loop=0"), ({"disco_tau": -1.0}, "disco_tau=-1.0"), ({"n_head": 5}, "n_head=5"),
+    ({"recurrence": "lop"}, "recurrence='lop'"), ({"disco_topk": 99}, "disco_topk=99"),
+])
+def test_bad_config_values(kw, needle):
+    with pytest.raises(ValueError, match=needle.replace("(", r"\(")):
+        GPTConfig(**{"vocab_size": 37, "n_embd": 16, "n_head": 2, **kw})

@@ -1,0 +1,107 @@
+import filecmp
+import json
+import os
+
+import pytest
+
+from conftest import REPO, run
+
+import importlib.util
+
+spec = importlib.util.spec_from_file_location("prep_sym", os.path.join(REPO, "data/symbolic/prepare.py"))
+prep = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(prep)
+
+
+def read_split(out, meta, name):
+    with open(os.path.join(out, meta["splits"][name]["file"])) as f:
+        return [tuple(line.split()) for line in f]
+
+
+def check_invariants(out, c):
+    with open(os.path.join(out, "meta.json")) as f:
+        meta = json.load(f)
+    assert meta["config"] == {k: c[k] for k in prep.GENERATOR_KEYS}
+    vocab = meta["vocab"]
+    assert len(vocab) == len(set(vocab)) == 2 * c["n_entities"] + c["n_relations"]
+    A, B = set(meta["entities"]["A"]), set(meta["entities"]["B"])
+    assert not A & B and len(A) == len(B) == c["n_entities"]
+    rels = set(meta["relations"])
+    atoms = read_split(out, meta, "train_atom")
+    graph = {}
+    for a, r, b in atoms:
+        assert r in rels and ((a in A and b in A) or (a in B and b in B)), "edge leaves its graph"
+        assert r not in graph.setdefault(a, {}), "two edges of one entity share a relation"
+        graph[a][r] = b
+    assert set(graph) == A | B
+    assert all(len(edges) == c["out_degree"] for edges in graph.values())
+    hops_seen = {}
+    for name, info in meta["splits"].items():
+        if name == "train_atom":
+            continue
+        exs = read_split(out, meta, name)
+        k = info["hops"]
+        hops_seen.setdefault(k, {})[name] = exs
+        ents = A if info["graph"] == "A" else B
+        for ex in exs:
+            assert len(ex) == k + 2 and ex[0] in ents
+            e = ex[0]
+            for r in ex[1:-1]:
+                e = graph[e][r]
+            assert e == ex[-1], f"{name}: {ex} is not a composition of atoms"
+        assert len(set(exs)) == len(exs), f"{name} has duplicates"
+        if info["graph"] == "B":
+            assert not info["train"], "a B composition is in training"
+        expected = c["n_test"] if not info["train"] else c["n_train"] // (c["max_hops"] - 1)
+        assert len(exs) == expected, name
+    for k, splits in hops_seen.items():
+        train = set(splits.get("train_id" + ("" if k == 2 else f"_{k}hop"), []))
+        test = set(splits["test_id" + ("" if k == 2 else f"_{k}hop")])
+        assert not train & test, "train and test_id overlap"
+    assert sorted(hops_seen) == list(range(2, max(c["max_hops"], c["eval_hops"]) + 1))
+    return meta
+
+
+@pytest.mark.parametrize("extra", [
+    [],  # the paper's 2-hop data
+    ["--max_hops=3", "--n_test=1000"],  # Appendix A.2
+    ["--n_entities=40", "--n_relations=7", "--out_degree=3", "--n_train=300", "--n_test=60", "--seed=5"],
+    ["--n_entities=40", "--n_relations=9", "--out_degree=4", "--n_train=400", "--n_test=50", "--max_hops=3",
+     "--eval_hops=4", "--seed=2"],
+])
+def test_invariants(tmp_path, extra):
+    out = str(tmp_path / "d")
+    r = run(["data/symbolic/prepare.py", f"--out_dir={out}"] + extra)
+    assert r.returncode == 0, r.stderr
+    from configurator import configure
+    check_invariants(out, configure(prep.DEFAULTS, [f"--out_dir={out}"] + extra))
+
+
+def test_same_seed_byte_identical_other_seed_differs(tmp_path):
+    args = ["--n_entities=50", "--n_relations=10", "--out_degree=5", "--n_train=500", "--n_test=100"]
+    outs = [str(tmp_path / n) for n in ("a", "b", "c")]
+    for out, seed in zip(outs, (3, 3, 4)):
+        assert run(["data/symbolic/prepare.py", f"--out_dir={out}", f"--seed={seed}"] + args).returncode == 0
+    names = sorted(os.listdir(outs[0]))
+    match, mismatch, _ = filecmp.cmpfiles(outs[0], outs[1], names, shallow=False)
+    assert match == names and not mismatch
+    assert not filecmp.cmp(os.path.join(outs[0], "train_atom.txt"), os.path.join(outs[2], "train_atom.txt"), shallow=False)
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--out_degree=60"], "out_degree=60"),
+    (["--n_entities=10", "--n_relations=5", "--out_degree=2", "--n_train=100"], "questions asked for"),
+    (["--max_hops=1"], "max_hops=1"),
+    (["--n_entitie=3"], "did you mean 'n_entities'"),
+    (["--seed=zero"], "seed='zero'"),
+])
+def test_bad_flags_one_line(tmp_path, args, needle):
+    r = run(["data/symbolic/prepare.py", f"--out_dir={tmp_path}/x"] + args)
+    assert r.returncode == 2
+    assert needle in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert not os.path.exists(f"{tmp_path}/x")
+
+
+def test_existing_folder_from_other_config_refused(tmp_path, tiny_data):
+    r = run(["data/symbolic/prepare.py", f"--out_dir={tiny_data}", "--seed=9"])
+    assert r.returncode == 2 and "seed" in r.stderr

