@@ -1,0 +1,260 @@
+"""
+Mechanistic probes of a trained checkpoint on the dataset it was trained on (paper Sec. 3.2, 5.1).
+
+    python probe.py acc   --ckpt=out/symbolic_loop --n_loop=1,2,3      # Table 1(a): accuracy per split and loop
+    python probe.py lens  --ckpt=out/symbolic_loop                     # Table 1(b): logit lens at the bridge
+    python probe.py sweep --ckpt=out/symbolic_loop --norm=rms          # Fig. 2: the intervention of Eq. (2)
+    python probe.py gate  --ckpt=out/nl_direct                         # learned gate per token type
+    python probe.py plot  out/symbolic out/symbolic_loop out/symbolic_flat --png=assets/curves.png   # Fig. 3
+
+Each prints a markdown table and writes JSON (--json=PATH, default OUT_DIR/probe_<command>.json).
+The bridge of a two-hop question (a, r1, r2) is b with (a, r1, b) an atomic fact of the dataset;
+the bridge position is 1 (the r1 token), where the model predicts b for the atom (a, r1).
+"""
+import argparse
+import json
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+
+from checkpoint import CheckpointError, config_mismatch, load_checkpoint, model_from_checkpoint
+from configurator import die
+from tasks import DataError, QAData, accuracy
+
+BRIDGE_POS = 1
+NORMS = ("rms", "unit", "none")
+
+
+def load(ckpt_path, data_dir=None):
+    ckpt = load_checkpoint(ckpt_path)
+    model = model_from_checkpoint(ckpt).eval()
+    data_dir = data_dir or ckpt["config"]["data_dir"]
+    data = QAData(data_dir)
+    why = config_mismatch(ckpt.get("data_config", {}), data.meta["config"], list(data.meta["config"]))
+    if why or data.vocab_size != ckpt["model_args"]["vocab_size"]:
+        raise CheckpointError(f"checkpoint was trained on another dataset than '{data_dir}' "
+                              f"({why or 'vocabulary size differs'})")
+    return ckpt, model, data
+
+
+def two_hop_splits(data):
+    return [s for s, info in data.meta["splits"].items() if info["hops"] == 2]
+
+
+def bridges(data, split):
+    """True bridge id for each question of a symbolic two-hop split, from the atomic facts."""
+    X, Y = data.splits["train_atom"]  # inputs (a, r), target b at position 1
+    atoms = {(int(x[0]), int(x[1])): int(y[1]) for x, y in zip(X, Y)}
+    Q, _ = data.splits[split]
+    return torch.tensor([atoms[(int(q[0]), int(q[1]))] for q in Q])
+
+
+def table(header, rows):
+    fmt = lambda v: f"{v:.3f}" if isinstance(v, float) else str(v)
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(fmt(v) for v in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def cmd_acc(model, data, n_loops):
+    """Accuracy of every split with the head read after each n in n_loops."""
+    res = {n: {s: accuracy(model, X, Y, n_loop=n)[0] for s, (X, Y) in data.splits.items()} for n in n_loops}
+    splits = list(data.splits)
+    print(table(["n_loop"] + splits, [[n] + [res[n][s] for s in splits] for n in n_loops]))
+    return {str(n): r for n, r in res.items()}
+
+
+@torch.no_grad()
+def cmd_lens(model, data):
+    """Logit lens at the bridge position after loop 1: mean P(b | H1_1), cos(H1_1, W[b]), how often
+    b is the argmax; for DiscoLoop also cos of the injected state H~1_1 with W[b]."""
+    W = model.transformer.wte.weight
+    out = {}
+    for s in two_hop_splits(data):
+        X, _ = data.splits[s]
+        b = bridges(data, s)
+        seen = {}
+        model(X, n_loop=2, hook=lambda k, h, nxt: seen.update({k: (h, nxt)}) if k == 1 else None)
+        h1, h1_next = seen[1][0][:, BRIDGE_POS], seen[1][1][:, BRIDGE_POS]
+        p = model.head(h1).float().softmax(-1)
+        r = {"P(b|H1)": p[torch.arange(len(b)), b].mean().item(),
+             "argmax=b": (p.argmax(-1) == b).float().mean().item(),
+             "cos(H1,W[b])": F.cosine_similarity(h1, W[b], dim=-1).mean().item()}
+        if model.config.recurrence == "disco":
+            r["cos(H~1,W[b])"] = F.cosine_similarity(h1_next, W[b], dim=-1).mean().item()
+        out[s] = r
+    cols = list(next(iter(out.values())))
+    print(table(["split"] + cols, [[s] + [r[c] for c in cols] for s, r in out.items()]))
+    return out
+
+
+def intervention(model, alpha, norm):
+    """Eq. (2) between loops 1 and 2 at the bridge position: H <- (1-a) H + a Norm(W[b_max]),
+    b_max the argmax of the head at H1_1. Norm: 'rms' rescales W[b_max] to the RMS of the state
+    it replaces, 'unit' to unit L2 norm, 'none' leaves it. Applied to the state that feeds loop 2
+    (for DiscoLoop, after the injection)."""
+    def hook(k, h, nxt):
+        if k != 1:
+            return None
+        W = model.transformer.wte.weight
+        e = W[model.head(h[:, BRIDGE_POS]).argmax(-1)]
+        x = nxt[:, BRIDGE_POS]
+        if norm == "rms":
+            e = e * (x.pow(2).mean(-1, keepdim=True).sqrt() / e.pow(2).mean(-1, keepdim=True).sqrt())
+        elif norm == "unit":
+            e = F.normalize(e, dim=-1)
+        nxt = nxt.clone()
+        nxt[:, BRIDGE_POS] = (1 - alpha) * x + alpha * e
+        return nxt
+    return hook
+
+
+def cmd_sweep(model, data, norm, alphas, png=None):
+    splits = [s for s in two_hop_splits(data) if not data.meta["splits"][s]["train"]]
+    res = {}
+    for a in alphas:
+        hook = intervention(model, a, norm)
+        res[a] = {s: accuracy(model, *data.splits[s], n_loop=2, hook=hook)[0] for s in splits}
+    print(table(["alpha"] + splits, [[f"{a:.1f}"] + [res[a][s] for s in splits] for a in alphas]))
+    if png:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        fig, ax = plt.subplots(figsize=(4.5, 3.2))
+        for s in splits:
+            ax.plot(alphas, [res[a][s] for a in alphas], marker="o", label=s, ls="--" if "ood" in s else "-")
+        ax.set(xlabel="intervention strength alpha", ylabel="two-hop accuracy", ylim=(0, 1.02),
+               title=f"Eq. (2) at position 1, Norm={norm}")
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(png, dpi=120)
+        print(f"wrote {png}")
+    return {"norm": norm, "results": {f"{a:.2f}": r for a, r in res.items()}}
+
+
+@torch.no_grad()
+def cmd_gate(model, data):
+    """Mean learned gate alpha after each non-final loop, by token type (entity/relation/other)."""
+    if model.config.recurrence != "disco" or model.config.disco_gate != "learned":
+        raise CheckpointError("the gate probe needs a DiscoLoop checkpoint with disco_gate='learned'")
+    kinds = data.meta.get("token_kinds") or {t: ("entity" if t.startswith("e") else "relation")
+                                             for t in data.meta["vocab"]}
+    kind_of = [kinds.get(t, "other") for t in data.meta["vocab"]]
+    sums, counts = {}, {}
+    for s in two_hop_splits(data):
+        X, Y = data.splits[s]
+        gates = {}
+        model(X, hook=lambda k, h, nxt: gates.update({k: model.gate_values(h)}) if k < model.config.n_loop else None)
+        n_tokens = (Y != -1).int().cumsum(1).eq(0).sum(1) + 1  # question length: positions up to the first answer
+        for k, g in gates.items():
+            for i in range(len(X)):
+                for t in range(int(n_tokens[i])):
+                    key = (k, kind_of[int(X[i, t])])
+                    sums[key] = sums.get(key, 0.0) + float(g[i, t])
+                    counts[key] = counts.get(key, 0) + 1
+    out = {f"loop{k}/{kind}": sums[(k, kind)] / counts[(k, kind)] for (k, kind) in sorted(sums)}
+    print(table(["loop/token type", "mean gate"], [[k, v] for k, v in out.items()]))
+    return out
+
+
+def cmd_plot(dirs, png):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.6))
+    out = {}
+    for i, d in enumerate(dirs):
+        path = os.path.join(d, "metrics.jsonl")
+        if not os.path.isfile(path):
+            raise DataError(f"no metrics.jsonl in '{d}'")
+        with open(path) as f:
+            ms = [json.loads(line) for line in f if line.strip()]
+        cfg_path = os.path.join(d, "config.json")
+        label = os.path.basename(os.path.normpath(d))
+        flat = False
+        if os.path.isfile(cfg_path):
+            with open(cfg_path) as f:
+                flat = json.load(f).get("recurrence") == "none"
+        x = [m.get("epoch", m["iter"]) for m in ms]
+        color = f"C{i}"
+        for split, ls in (("test_id", "-"), ("test_ood", "--")):
+            ax1.plot(x, [m.get(f"acc/{split}", float("nan")) for m in ms], ls=ls, color=color, label=f"{label} {split}")
+        stage1 = "acc/train_id" if flat else "acc1/train_id"  # the flat model has no Stage 1: its final accuracy
+        ax2.plot(x, [m.get(stage1, float("nan")) for m in ms], color=color, label=label + (" (final)" if flat else ""))
+        out[label] = {"last": ms[-1]}
+    ax1.set(xlabel="epoch", ylabel="two-hop accuracy", ylim=(0, 1.02), title="test_id (solid), test_ood (dashed)")
+    ax2.set(xlabel="epoch", ylabel="Stage-1 train two-hop accuracy", ylim=(0, 1.02), title="Stage-1 (head after loop 1)")
+    ax1.legend(fontsize=7)
+    ax2.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+    print(table(["run", "epoch", "test_id", "test_ood", "Stage-1 train_id"],
+                [[k, v["last"].get("epoch"), v["last"].get("acc/test_id"), v["last"].get("acc/test_ood"),
+                  v["last"].get("acc1/train_id")] for k, v in out.items()]))
+    print(f"wrote {png}")
+    return out
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, exit 2, like every other tool here
+        die(message)
+
+
+def main(argv):
+    ap = Parser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("command", choices=["acc", "lens", "sweep", "gate", "plot"])
+    ap.add_argument("dirs", nargs="*", help="run folders (plot)")
+    ap.add_argument("--ckpt", help="checkpoint file or run folder")
+    ap.add_argument("--data_dir", help="dataset folder (default: the one in the checkpoint)")
+    ap.add_argument("--n_loop", default="", help="comma-separated loop counts for acc (default 1..K+1)")
+    ap.add_argument("--norm", default="rms", choices=NORMS)
+    ap.add_argument("--alphas", default="0,0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9,1.0")
+    ap.add_argument("--png", default="")
+    ap.add_argument("--json", default="")
+    ap.add_argument("--threads", type=int, default=0)
+    a = ap.parse_args(argv)
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    try:
+        if a.command == "plot":
+            if not a.dirs:
+                die("plot needs one or more run folders")
+            res = cmd_plot(a.dirs, a.png or "curves.png")
+            json_path = a.json or None
+        else:
+            if not a.ckpt:
+                die(f"{a.command} needs --ckpt=PATH")
+            ckpt, model, data = load(a.ckpt, a.data_dir)
+            with torch.no_grad():
+                if a.command == "acc":
+                    try:
+                        loops = [int(n) for n in a.n_loop.split(",")] if a.n_loop else list(range(1, model.config.n_loop + 2))
+                    except ValueError:
+                        die(f"--n_loop={a.n_loop!r} must be comma-separated integers")
+                    if model.config.recurrence == "none":
+                        loops = [n for n in loops if n <= model.config.n_loop]
+                    res = cmd_acc(model, data, loops)
+                elif a.command == "lens":
+                    res = cmd_lens(model, data)
+                elif a.command == "sweep":
+                    try:
+                        alphas = [float(x) for x in a.alphas.split(",")]
+                    except ValueError:
+                        die(f"--alphas={a.alphas!r} must be comma-separated numbers")
+                    res = cmd_sweep(model, data, a.norm, alphas, a.png or None)
+                else:
+                    res = cmd_gate(model, data)
+            out_dir = a.ckpt if os.path.isdir(a.ckpt) else os.path.dirname(a.ckpt)
+            json_path = a.json or os.path.join(out_dir, f"probe_{a.command}.json")
+        if json_path:
+            with open(json_path, "w") as f:
+                json.dump(res, f, indent=1)
+            print(f"wrote {json_path}")
+    except (CheckpointError, DataError) as e:
+        die(e)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,89 @@
+"""probe.py on a tiny checkpoint trained inside the test."""
+import json
+import os
+
+import pytest
+
+from conftest import run, tiny_train_args
+
+
+@pytest.fixture(scope="module")
+def tiny_ckpts(tiny_data, tmp_path_factory):
+    outs = {}
+    for rec, extra in (("loop", []), ("disco", ["--disco_gate=learned"]), ("none", [])):
+        out = str(tmp_path_factory.mktemp("probe") / rec)
+        r = run(tiny_train_args(tiny_data, out, "--max_iters=120", "--eval_interval=60", f"--recurrence={rec}", *extra))
+        assert r.returncode == 0, r.stderr
+        outs[rec] = out
+    return outs
+
+
+def probe(*args):
+    r = run(["probe.py", *args, "--threads=1"])
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+def test_acc_table_every_loop_count(tiny_ckpts):
+    out = probe("acc", f"--ckpt={tiny_ckpts['loop']}", "--n_loop=1,2,4")
+    assert "| n_loop | train_atom | train_id | test_id | test_ood |" in out
+    res = json.load(open(os.path.join(tiny_ckpts["loop"], "probe_acc.json")))
+    assert set(res) == {"1", "2", "4"} and all(0 <= v <= 1 for r in res.values() for v in r.values())
+    # n_loop=2 is the trained model: equals the final accuracy in training's last metrics line (fp32 both)
+    last = [json.loads(line) for line in open(os.path.join(tiny_ckpts["loop"], "metrics.jsonl"))][-1]
+    assert res["2"]["test_id"] == pytest.approx(last["acc/test_id"], abs=1e-4)
+    assert res["1"]["train_atom"] == pytest.approx(last["acc1/train_atom"], abs=1e-4)
+
+
+def test_lens_values_in_range_and_disco_injected_state(tiny_ckpts):
+    probe("lens", f"--ckpt={tiny_ckpts['disco']}")
+    res = json.load(open(os.path.join(tiny_ckpts["disco"], "probe_lens.json")))
+    assert set(res) == {"train_id", "test_id", "test_ood"}
+    for r in res.values():
+        assert 0 <= r["P(b|H1)"] <= 1 and -1 <= r["cos(H1,W[b])"] <= 1 and "cos(H~1,W[b])" in r
+
+
+def test_sweep_alpha0_is_the_unmodified_model_and_alpha1_uses_bmax(tiny_ckpts, tmp_path):
+    png = str(tmp_path / "sweep.png")
+    probe("sweep", f"--ckpt={tiny_ckpts['loop']}", "--alphas=0,1", f"--png={png}", "--norm=unit")
+    res = json.load(open(os.path.join(tiny_ckpts["loop"], "probe_sweep.json")))["results"]
+    acc = json.load(open(os.path.join(tiny_ckpts["loop"], "probe_acc.json")))
+    assert res["0.00"]["test_id"] == pytest.approx(acc["2"]["test_id"])
+    assert os.path.getsize(png) > 1000
+
+
+def test_gate_probe(tiny_ckpts):
+    out = probe("gate", f"--ckpt={tiny_ckpts['disco']}")
+    assert "loop1/entity" in out and "loop1/relation" in out
+
+
+def test_plot(tiny_ckpts, tmp_path):
+    png = str(tmp_path / "curves.png")
+    out = probe("plot", *tiny_ckpts.values(), f"--png={png}")
+    assert os.path.getsize(png) > 1000 and "| run |" in out
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["acc", "--ckpt=/nonexistent/ckpt.pt"], "not found"),
+    (["acc"], "needs --ckpt"),
+    (["plot", "/nonexistent"], "no metrics.jsonl"),
+    (["sweep", "--norm=l7"], "invalid choice"),
+])
+def test_bad_input(args, needle):
+    r = run(["probe.py", *args])
+    assert r.returncode == 2 and needle in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_checkpoint_from_other_dataset_refused(tiny_ckpts, tmp_path):
+    other = str(tmp_path / "other")
+    assert run(["data/symbolic/prepare.py", f"--out_dir={other}", "--n_entities=30", "--n_relations=8",
+                "--out_degree=4", "--n_train=200", "--n_test=50", "--seed=7"]).returncode == 0
+    r = run(["probe.py", "acc", f"--ckpt={tiny_ckpts['loop']}", f"--data_dir={other}"])
+    assert r.returncode == 2 and "another dataset" in r.stderr and "seed" in r.stderr
+
+
+def test_truncated_checkpoint_refused(tiny_ckpts, tmp_path):
+    bad = tmp_path / "ckpt.pt"
+    bad.write_bytes(open(os.path.join(tiny_ckpts["loop"], "ckpt.pt"), "rb").read()[:500])
+    r = run(["probe.py", "lens", f"--ckpt={bad}"])
+    assert r.returncode == 2 and "not a readable checkpoint" in r.stderr
