@@ -97,7 +97,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x):
-        return F.rms_norm(x, (x.size(-1),), self.weight, self.eps)
+        return F.rms_norm(x, (x.size(-1),), self.weight.to(x.dtype), self.eps)
 
 
 def make_norm(config):
@@ -308,7 +308,7 @@ class GPT(nn.Module):
         logits = self.head(x)
         loss = None
         if targets is not None:
-            loss = F.cross_entropy(upcast(logits).view(-1, logits.size(-1)), targets.view(-1),
+            loss = F.cross_entropy(upcast(logits).reshape(-1, logits.size(-1)), targets.reshape(-1),
                                    ignore_index=-1, label_smoothing=cfg.label_smoothing)
         return logits, loss
 

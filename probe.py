@@ -33,7 +33,7 @@ def load(ckpt_path, data_dir=None):
     data_dir = data_dir or ckpt["config"]["data_dir"]
     data = QAData(data_dir)
     why = config_mismatch(ckpt.get("data_config", {}), data.meta["config"], list(data.meta["config"]))
-    if why or data.vocab_size != ckpt["model_args"]["vocab_size"]:
+    if why or data.vocab_size > ckpt["model_args"]["vocab_size"]:
         raise CheckpointError(f"checkpoint was trained on another dataset than '{data_dir}' "
                               f"({why or 'vocabulary size differs'})")
     return ckpt, model, data

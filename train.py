@@ -51,6 +51,7 @@ block_size = 8
 eval_batch_size = 2048
 eval_iters = 50              # pretrain: validation batches per evaluation
 # model (see model.GPTConfig)
+vocab_size = 0               # embedding rows; 0 = the dataset's vocabulary (larger pads, e.g. to match a parameter count)
 n_layer = 1
 n_head = 6
 n_embd = 192
@@ -161,33 +162,37 @@ if device_type == "cuda":
 # data
 data_dir = os.path.abspath(data_dir)
 try:
+    import importlib.util
+    prep_path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", dataset, "prepare.py")
+    spec = importlib.util.spec_from_file_location(f"prepare_{dataset}", prep_path)
+    prep = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(prep)
+    # prepare on first use (QA: a no-op with a config check when it exists; pretraining corpora only
+    # when the config says how, since the full one is a 20B-token job of its own)
+    if master and (dataset != "pretrain" or (prepare_args and not os.path.exists(os.path.join(data_dir, "meta.json")))):
+        prep.prepare(configure(prep.DEFAULTS, [f"--out_dir={data_dir}"] + prepare_args.split()))
+    if ddp:
+        torch.distributed.barrier()
     if dataset == "pretrain":
         from shards import TokenShards
-        if not os.path.exists(data_dir):
-            die(f"no token shards at '{data_dir}': run data/pretrain/prepare.py first")
         train_data, val_data = TokenShards(data_dir, "train"), TokenShards(data_dir, "val")
-        vocab_size, data_config = train_data.vocab_size, train_data.meta.get("config", {})
+        data_vocab, data_config = train_data.vocab_size, train_data.meta.get("config", {})
     else:
-        import importlib.util
         from tasks import QAData, evaluate_splits
-        prep_path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", dataset, "prepare.py")
-        spec = importlib.util.spec_from_file_location(f"prepare_{dataset}", prep_path)
-        prep = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(prep)
-        if master:  # prepare on first use (a no-op with a config check when it exists)
-            prep.prepare(configure(prep.DEFAULTS, [f"--out_dir={data_dir}"] + prepare_args.split()))
-        if ddp:
-            torch.distributed.barrier()
         data = QAData(data_dir)
-        vocab_size, data_config = data.vocab_size, data.meta["config"]
+        data_vocab, data_config = data.vocab_size, data.meta["config"]
         if data.max_len > block_size:
             die(f"block_size={block_size} is shorter than the longest example ({data.max_len} tokens)")
 except (DataError, ConfigError) as e:
     die(e)
+if vocab_size and vocab_size < data_vocab:
+    die(f"vocab_size={vocab_size} is smaller than the dataset's vocabulary ({data_vocab})")
+vocab_size = vocab_size or data_vocab
+config["vocab_size"] = vocab_size
 
 # -----------------------------------------------------------------------------
 # model, optimizer, checkpoint
-model_fields = [k for k in GPTConfig.__dataclass_fields__ if k != "vocab_size"]
+model_fields = list(GPTConfig.__dataclass_fields__)
 ckpt_path = os.path.join(out_dir, "ckpt.pt")
 iter_num, ckpt = 0, None
 if init_from == "resume":
@@ -195,14 +200,14 @@ if init_from == "resume":
         ckpt = load_checkpoint(ckpt_path)
     except CheckpointError as e:
         die(e)
-    why = config_mismatch(ckpt["model_args"], {**config, "vocab_size": vocab_size}, model_fields + ["vocab_size"]) \
+    why = config_mismatch(ckpt["model_args"], config, model_fields) \
         or config_mismatch(ckpt.get("data_config", {}), data_config, list(data_config))
     if why:
         die(f"cannot resume from {ckpt_path}: {why}")
     iter_num = ckpt["iter_num"]
 torch.manual_seed(seed)  # same initial weights on every rank (DDP also broadcasts rank 0's)
 try:
-    model_args = {k: config[k] for k in model_fields} | {"vocab_size": vocab_size}
+    model_args = {k: config[k] for k in model_fields}
     model = GPT(GPTConfig(**model_args))
 except ValueError as e:
     die(e)
@@ -309,7 +314,7 @@ if master:
         with open(metrics_path, "w") as f:
             f.writelines(keep)
     with open(os.path.join(out_dir, "config.json"), "w") as f:
-        json.dump(config | {"vocab_size": vocab_size}, f, indent=1)
+        json.dump(config, f, indent=1)
     print(f"{recurrence} K={n_loop}: {raw_model.get_num_params() / 1e6:.3f}M parameters, device {device}, dtype {dtype}"
           + (f", world size {world_size}" if ddp else ""))
 if wandb_log and master:

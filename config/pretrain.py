@@ -1,0 +1,50 @@
+# DiscoLoop LM pretraining, paper Sec. 5.3 / Appendix B: the 440M Ouro-style looped backbone
+# (d=1024, 24 layers, 16 heads, SwiGLU, RoPE theta=1e6, sandwich norm, tied embeddings, no biases),
+# K=4, top-k Phi with k=128, on 20B tokens of 60% FineWeb-Edu + 40% FineMath-4plus.
+#   torchrun --standalone --nproc_per_node=8 train.py config/pretrain.py
+# Tokens per step: 128 sequences x 8192 = 1,048,576; 19,074 steps = 20,000,538,624 tokens.
+out_dir = "out/pretrain_disco"
+dataset = "pretrain"
+data_dir = "data/pretrain/shards"    # python data/pretrain/prepare.py (cl100k_base, see README)
+vocab_size = 129280                  # the paper's (DeepSeek-V3) vocabulary size; cl100k_base uses the first 100,277 rows
+block_size = 8192
+batch_size = 8                       # sequences per GPU and micro-step
+gradient_accumulation_steps = 16     # in total: 8 GPUs x 2, or 16 GPUs x 1 -> 128 sequences per step
+n_layer = 24
+n_head = 16
+n_embd = 1024
+n_hidden = 2816                      # Ouro's 2.75 x d SwiGLU width
+norm = "rmsnorm"
+mlp = "swiglu"
+bias = False
+pos_emb = "rope"
+rope_theta = 1e6
+sandwich_norm = True
+dropout = 0.0
+recurrence = "disco"
+n_loop = 4
+disco_gate = "fixed"
+disco_alpha = 1.0
+disco_tau = 1.0
+disco_topk = 128
+disco_chunk = 1024                   # decode Phi 1024 positions at a time: bounds the B x chunk x V logits
+label_smoothing = 0.0
+optimizer = "muon"                   # Muon on block matrices, AdamW (eps 1e-15) on embeddings/norms/gates
+learning_rate = 3e-3
+adam_eps = 1e-15
+beta1 = 0.9
+beta2 = 0.95
+weight_decay = 0.1
+muon_momentum = 0.95
+grad_clip = 1.0
+lr_schedule = "linear"
+warmup_iters = 1000
+max_iters = 19074
+lr_decay_iters = 19074
+min_lr = 1e-5
+eval_interval = 500
+eval_iters = 20
+eval_batch_size = 8
+log_interval = 10
+compile = True
+dtype = "auto"                       # bf16 on GPUs that have it

@@ -1,0 +1,221 @@
+"""
+Token shards for LM pretraining (paper Sec. 5.3, Appendix B): FineWeb-Edu (sample) and
+FineMath-4plus streamed with `datasets`, mixed 60/40 by tokens, tokenized with tiktoken, one
+end-of-text token after each document, written as flat uint16/uint32 shards plus a validation shard.
+
+    python data/pretrain/prepare.py --max_tokens=20_000_000_000            # the paper's mixture (hub)
+    python data/pretrain/prepare.py --data_files=web.jsonl,math.parquet --weights=0.6,0.4 --out_dir=...
+
+--data_files replaces the hub sources with local parquet/jsonl files (one source per file, a
+`text` column), so it runs offline. Interrupted runs resume: finished shards are not redone.
+
+Mixing by tokens: the next document always comes from the source furthest below its share of
+the tokens written so far, so the mixture is exact at every shard and deterministic.
+Tokenization runs in `num_proc` threads (tiktoken's encode_ordinary_batch releases the GIL).
+"""
+import json
+import os
+import sys
+
+import numpy as np
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, REPO)
+from configurator import ConfigError, configure, die  # noqa: E402
+
+HUB_SOURCES = "hf:HuggingFaceFW/fineweb-edu:sample-10BT,hf:HuggingFaceTB/finemath:finemath-4plus"
+DEFAULTS = dict(out_dir=os.path.join(REPO, "data", "pretrain", "shards"), data_files=HUB_SOURCES,
+                weights="0.6,0.4", text_column="text", encoding="cl100k_base", tiktoken_file="",
+                max_tokens=20_000_000_000, val_tokens=10_000_000, shard_tokens=100_000_000,
+                batch_docs=1024, num_proc=8)
+GENERATOR_KEYS = ["data_files", "weights", "text_column", "encoding", "tiktoken_file", "val_tokens", "shard_tokens"]
+# the regex tiktoken uses for GPT-2 (r50k_base); for --tiktoken_file with GPT-2 ranks
+GPT2_PAT = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+
+
+def byte_encoding():
+    """A byte-level tiktoken Encoding (256 bytes + <|endoftext|>), built locally: no download."""
+    import tiktoken
+    return tiktoken.Encoding("bytes", pat_str=GPT2_PAT, mergeable_ranks={bytes([i]): i for i in range(256)},
+                             special_tokens={"<|endoftext|>": 256})
+
+
+def get_encoding(c):
+    import tiktoken
+    if c["encoding"] == "bytes":
+        return byte_encoding()
+    if c["tiktoken_file"]:  # offline: a local ranks file, e.g. GPT-2's (see README)
+        from tiktoken.load import load_tiktoken_bpe
+        if not os.path.isfile(c["tiktoken_file"]):
+            raise ConfigError(f"tiktoken_file '{c['tiktoken_file']}' not found")
+        ranks = load_tiktoken_bpe(c["tiktoken_file"])
+        return tiktoken.Encoding(c["encoding"], pat_str=GPT2_PAT, mergeable_ranks=ranks,
+                                 special_tokens={"<|endoftext|>": len(ranks)})
+    try:
+        return tiktoken.get_encoding(c["encoding"])
+    except ValueError:
+        raise ConfigError(f"encoding={c['encoding']!r} is not a tiktoken encoding: "
+                          f"allowed {tiktoken.list_encoding_names()}") from None
+
+
+def synthetic_documents(kind, seed=0):
+    """Endless deterministic toy documents for offline runs: 'web' (templated English) or 'math'
+    (arithmetic facts). Lets config/pretrain_tiny.py and the tests run with no download."""
+    rng = np.random.default_rng([seed, 0 if kind == "web" else 1])
+    nouns = "cat dog river teacher planet garden engine city student book model tree".split()
+    verbs = "sees likes builds follows reads moves finds carries".split()
+    adjs = "small red quiet old bright heavy young clever".split()
+    while True:
+        if kind == "web":
+            sents = [f"The {rng.choice(adjs)} {rng.choice(nouns)} {rng.choice(verbs)} the {rng.choice(nouns)}."
+                     for _ in range(rng.integers(3, 30))]
+        else:
+            sents = []
+            for _ in range(rng.integers(3, 30)):
+                a, b = rng.integers(0, 100, size=2)
+                sents.append(f"{a} + {b} = {a + b}." if rng.random() < 0.5 else f"{a} * {b} = {a * b}.")
+        yield " ".join(sents)
+
+
+def open_source(spec, text_column):
+    """An iterator of document strings: 'hf:NAME:CONFIG' streams from the hub, 'synthetic:web' /
+    'synthetic:math' generate toy text, anything else is a local .parquet/.jsonl/.json file."""
+    if spec.startswith("synthetic:"):
+        if spec not in ("synthetic:web", "synthetic:math"):
+            raise ConfigError(f"source '{spec}' is invalid: allowed synthetic:web, synthetic:math")
+        return synthetic_documents(spec.split(":")[1])
+    return _rows(spec, text_column)
+
+
+def _rows(spec, text_column):
+    from datasets import load_dataset
+    if spec.startswith("hf:"):
+        _, name, cfg = spec.split(":", 2)
+        ds = load_dataset(name, cfg or None, split="train", streaming=True)
+    else:
+        ext = spec.rsplit(".", 1)[-1]
+        kind = {"parquet": "parquet", "jsonl": "json", "json": "json"}.get(ext)
+        if kind is None or not os.path.isfile(spec):
+            raise ConfigError(f"data file '{spec}' " + ("not found" if kind else "must be .parquet, .jsonl or .json"))
+        if os.path.getsize(spec) == 0:
+            return  # an empty source: no documents
+        ds = load_dataset(kind, data_files=spec, split="train", streaming=True)
+    for row in ds:
+        if text_column not in row:
+            raise ConfigError(f"source '{spec}' has no column '{text_column}' (columns: {sorted(row)})")
+        yield row[text_column]
+
+
+def open_sources(c, skip):
+    specs = c["data_files"].split(",")
+    weights = np.array([float(w) for w in c["weights"].split(",")])
+    if len(weights) != len(specs) or (weights <= 0).any():
+        raise ConfigError(f"weights={c['weights']!r} must be one positive number per source ({len(specs)})")
+    iters = [open_source(s, c["text_column"]) for s in specs]
+    for it, n in zip(iters, skip):  # documents already in finished shards
+        for _ in range(n):
+            next(it, None)
+    return iters, weights / weights.sum()
+
+
+def write_atomic(path, array):
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as f:
+        f.write(array.tobytes())
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def prepare(c, enc=None):
+    """Write shards into c['out_dir'] and return the meta dict. Resumes from state.json."""
+    from tqdm import tqdm
+    enc = enc or get_encoding(c)
+    dtype = np.uint16 if enc.n_vocab <= 2**16 else np.uint32
+    out = c["out_dir"]
+    os.makedirs(out, exist_ok=True)
+    state_path = os.path.join(out, "state.json")
+    generator = {k: c[k] for k in GENERATOR_KEYS} | {"n_vocab": enc.n_vocab}
+    n_src = len(c["data_files"].split(","))
+    state = {"config": generator, "consumed": [0] * n_src, "tokens": [0] * n_src, "shards": {"val": [], "train": []}}
+    if os.path.exists(state_path):
+        with open(state_path) as f:
+            old = json.load(f)
+        for k, v in generator.items():
+            if old["config"].get(k) != v:
+                raise ConfigError(f"{out} holds shards made with {k}={old['config'].get(k)!r}, not {v!r}")
+        state = old
+    iters, weights = open_sources(c, state["consumed"])
+    consumed, tokens = list(state["consumed"]), np.array(state["tokens"], dtype=np.float64)
+    written = sum(n for split in state["shards"].values() for _, n in split)
+    budget = c["max_tokens"] + c["val_tokens"]
+    bar = tqdm(total=budget, initial=written, unit="tok", unit_scale=True, disable=None)
+    buf, alive = np.zeros(0, dtype=dtype), [True] * n_src
+    if state.get("pending"):
+        buf = np.fromfile(os.path.join(out, state["pending"]), dtype=dtype)
+
+    def cut(final=False):
+        """Write every complete shard in buf: the first val_tokens are validation, then train."""
+        nonlocal buf, written
+        while written < budget:
+            n_val = sum(n for _, n in state["shards"]["val"])
+            split = "val" if n_val < c["val_tokens"] else "train"
+            size = min(c["val_tokens"] - n_val if split == "val" else c["shard_tokens"], budget - written)
+            if len(buf) < size and not (final and len(buf)):
+                return
+            piece, buf = buf[:size], buf[size:]
+            name = f"{split}_{len(state['shards'][split]):06d}.bin"
+            write_atomic(os.path.join(out, name), piece)
+            state["shards"][split].append([name, len(piece)])
+            written += len(piece)
+            bar.update(len(piece))
+            # consumed documents whose tokens are not in a shard yet are kept in a pending file,
+            # named in the state, so a resumed run continues with exactly the same stream
+            pending = f"pending_{len(state['shards']['train']) + len(state['shards']['val']):06d}.bin"
+            write_atomic(os.path.join(out, pending), buf)
+            old_pending = state.get("pending")
+            state.update(consumed=list(consumed), tokens=tokens.tolist(), pending=pending)
+            with open(state_path + ".tmp", "w") as f:
+                json.dump(state, f)
+            os.replace(state_path + ".tmp", state_path)
+            if old_pending and old_pending != pending:
+                os.remove(os.path.join(out, old_pending))
+
+    while written + len(buf) < budget and any(alive):
+        i = int(np.argmin(np.where(alive, tokens / weights, np.inf)))  # furthest below its token share
+        texts = [t for _, t in zip(range(c["batch_docs"]), iters[i])]
+        if not texts:
+            alive[i] = False
+            continue
+        ids = enc.encode_ordinary_batch(texts, num_threads=c["num_proc"])
+        flat = np.fromiter((t for doc in ids for t in doc + [enc.eot_token]), dtype=dtype)
+        buf = np.concatenate([buf, flat])
+        consumed[i] += len(texts)
+        tokens[i] += len(flat)
+        cut()
+    cut(final=True)
+    bar.close()
+    if not state["shards"]["train"]:
+        raise ConfigError(f"the corpus gave only {written} tokens, not more than val_tokens={c['val_tokens']}: "
+                          "no training shard (lower val_tokens or add data)")
+    meta = {"dtype": np.dtype(dtype).name, "vocab_size": enc.n_vocab, "eot": enc.eot_token, "encoding": enc.name,
+            "shards": state["shards"], "source_tokens": tokens.tolist(), "config": generator}
+    with open(os.path.join(out, "meta.json.tmp"), "w") as f:
+        json.dump(meta, f, indent=1)
+    os.replace(os.path.join(out, "meta.json.tmp"), os.path.join(out, "meta.json"))
+    return meta
+
+
+def main(argv):
+    try:
+        c = configure(DEFAULTS, argv)
+        meta = prepare(c)
+    except ConfigError as e:
+        die(e)
+    n = {s: sum(k for _, k in v) for s, v in meta["shards"].items()}
+    print(f"wrote {c['out_dir']}: {n['train']:,} train and {n['val']:,} val tokens, "
+          f"{len(meta['shards']['train'])} train shards, {meta['dtype']}, vocab {meta['vocab_size']}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
