@@ -244,14 +244,15 @@ class GPT(nn.Module):
         chunk = cfg.disco_chunk or x.size(1)
         out = []
         for xs in x.split(chunk, dim=1):
-            logits = upcast(F.linear(xs, W)) / cfg.disco_tau
-            if cfg.disco_topk:
+            logits = F.linear(xs, W)  # activation dtype; only what softmax needs gets upcast
+            if cfg.disco_topk:  # top-k commutes with the positive 1/tau scale: select first, scale k values
                 vals, idx = logits.topk(cfg.disco_topk, dim=-1)
-                p = vals.softmax(dim=-1)
+                p = F.softmax(upcast(vals) / cfg.disco_tau, dim=-1)
                 e = F.embedding_bag(idx.flatten(0, 1), W, per_sample_weights=p.flatten(0, 1).to(W.dtype),
                                     mode="sum").view(*xs.shape[:2], -1)
             else:
-                e = logits.softmax(dim=-1).to(W.dtype) @ W
+                scaled = logits / cfg.disco_tau if cfg.disco_tau != 1 else logits
+                e = F.softmax(scaled, dim=-1, dtype=upcast(logits).dtype) @ W
             out.append(e.to(h.dtype))
         return torch.cat(out, dim=1)
 

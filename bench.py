@@ -1,0 +1,154 @@
+"""
+Benchmarks (nanoGPT has one): forward+backward step time, MFU and memory for every recurrence,
+exact vs top-k Phi, eager vs compiled. Figures are printed as ratios measured in one run; nothing
+here is asserted by tests.
+
+    python bench.py                          # CPU-sized pretraining-like shape
+    python bench.py --n_embd=1024 --n_layer=24 --n_head=16 --block_size=8192 --vocab_size=129280 --batch_size=1   # GPU
+    python bench.py --compile=True           # also time torch.compile
+
+Memory: bytes that autograd keeps for backward (counted with saved_tensors_hooks, the same on
+every device), and on CUDA the allocator's peak. The Phi table isolates Phi: exact keeps
+(B, T, V) probabilities, top-k keeps (B, T, k).
+"""
+import json
+import statistics
+import sys
+import time
+
+import torch
+
+from configurator import ConfigError, configure, die
+from model import GPT, GPTConfig
+
+DEFAULTS = dict(n_layer=4, n_head=4, n_embd=256, n_hidden=0, block_size=512, vocab_size=32768, batch_size=2,
+                n_loop=4, disco_topk=128, disco_chunk=0, device="auto", dtype="auto", compile=False, iters=5,
+                warmup=2, threads=0, json="")
+
+
+def matmul_peak(device, dtype, n=2048, reps=10):
+    """Achieved FLOP/s of a large square matmul: the 'peak' MFU is measured against."""
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    for _ in range(2):
+        a @ b
+    sync(device)
+    t = time.perf_counter()
+    for _ in range(reps):
+        a @ b
+    sync(device)
+    return 2 * n ** 3 * reps / (time.perf_counter() - t)
+
+
+def sync(device):
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def saved_bytes(fn, params=()):
+    """Run fn() and count the bytes of tensors autograd saves for backward (parameters excluded)."""
+    total, skip = [0], {p.data_ptr() for p in params}
+
+    def pack(t):
+        if t.data_ptr() not in skip:
+            total[0] += t.numel() * t.element_size()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = fn()
+    return out, total[0]
+
+
+def step_time(model, x, y, ctx, iters, warmup, device):
+    times = []
+    for i in range(warmup + iters):
+        sync(device)
+        t = time.perf_counter()
+        with ctx:
+            _, loss = model(x, y)
+        loss.backward()
+        sync(device)
+        if i >= warmup:
+            times.append(time.perf_counter() - t)
+        model.zero_grad(set_to_none=True)
+    return statistics.median(times)
+
+
+def main(argv):
+    try:
+        c = configure(DEFAULTS, argv)
+    except ConfigError as e:
+        die(e)
+    if c["threads"]:
+        torch.set_num_threads(c["threads"])
+    device = c["device"] if c["device"] != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = c["dtype"]
+    if dtype == "auto":
+        dtype = "bfloat16" if (device == "cuda" and torch.cuda.is_bf16_supported()) or device == "cpu" else "float32"
+    ptdtype = getattr(torch, dtype)
+    ctx = torch.autocast(device_type=device.split(":")[0], dtype=ptdtype) if dtype != "float32" else torch.autocast("cpu", enabled=False)
+    peak = matmul_peak(device, ptdtype)
+    B, T = c["batch_size"], c["block_size"]
+    print(f"device {device}, dtype {dtype}, threads {torch.get_num_threads()}, matmul peak {peak / 1e12:.3f} TFLOP/s")
+    print(f"shape: d={c['n_embd']} layers={c['n_layer']} K={c['n_loop']} T={T} V={c['vocab_size']} B={B}\n")
+    torch.manual_seed(0)
+    x = torch.randint(0, c["vocab_size"], (B, T), device=device)
+    y = torch.randint(0, c["vocab_size"], (B, T), device=device)
+    variants = [("none", 0), ("loop", 0), ("disco", c["disco_topk"]), ("disco", 0), ("ponder", c["disco_topk"])]
+    rows, results = [], {}
+    for rec, k in variants:
+        cfg = GPTConfig(block_size=T, vocab_size=c["vocab_size"], n_layer=c["n_layer"], n_head=c["n_head"],
+                        n_embd=c["n_embd"], n_hidden=c["n_hidden"], recurrence=rec, n_loop=c["n_loop"],
+                        disco_topk=k, disco_chunk=c["disco_chunk"], sandwich_norm=True)
+        model = GPT(cfg).to(device)
+        name = f"{rec}" + (f" top-{k}" if k else (" exact" if rec in ("disco", "ponder") else ""))
+        for compiled in ([False, True] if c["compile"] else [False]):
+            m = torch.compile(model) if compiled else model
+            label = name + (" compiled" if compiled else "")
+            if device.startswith("cuda"):
+                torch.cuda.reset_peak_memory_stats()
+            try:
+                dt = step_time(m, x, y, ctx, c["iters"], c["warmup"], device)
+            except torch.OutOfMemoryError:
+                rows.append((label, "OOM"))
+                continue
+            with ctx:
+                _, sb = saved_bytes(lambda: m(x, y), model.parameters())
+            flops = model.flops_per_token(T) * B * T
+            r = {"step_s": dt, "tok_per_s": B * T / dt, "mfu": flops / dt / peak, "saved_MB": sb / 2**20}
+            if device.startswith("cuda"):
+                r["cuda_peak_MB"] = torch.cuda.max_memory_allocated() / 2**20
+            results[label] = r
+    base = results["loop"]["step_s"]
+    print("| model | step (ms) | vs loop | tokens/s | MFU | saved for backward (MB) |" +
+          (" CUDA peak (MB) |" if device.startswith("cuda") else ""))
+    print("|---|---|---|---|---|---|" + ("---|" if device.startswith("cuda") else ""))
+    for label, r in results.items():
+        print(f"| {label} | {r['step_s'] * 1e3:.1f} | {r['step_s'] / base:.3f}x | {r['tok_per_s']:.0f} | "
+              f"{r['mfu']:.3f} | {r['saved_MB']:.1f} |" + (f" {r['cuda_peak_MB']:.0f} |" if "cuda_peak_MB" in r else ""))
+    for label, r in rows:
+        print(f"| {label} | {r} |")
+
+    # Phi alone: memory kept for backward as T grows, exact vs top-k (grows with T*V vs T*k)
+    print("\nPhi only (one decode-then-encode of a (1, T, d) state):")
+    print("| T | exact Phi saved (MB) | top-k Phi saved (MB) | exact / top-k |")
+    print("|---|---|---|---|")
+    phi_rows = {}
+    for t in (T // 4, T // 2, T):
+        out = {}
+        for k in (0, c["disco_topk"]):
+            cfg = GPTConfig(block_size=T, vocab_size=c["vocab_size"], n_layer=1, n_head=c["n_head"],
+                            n_embd=c["n_embd"], recurrence="disco", n_loop=2, disco_topk=k, disco_chunk=c["disco_chunk"])
+            model = GPT(cfg).to(device)
+            h = torch.randn(1, t, c["n_embd"], device=device, requires_grad=True)
+            with ctx:
+                _, out[k] = saved_bytes(lambda: model.phi(h), model.parameters())
+        phi_rows[t] = {"exact_MB": out[0] / 2**20, "topk_MB": out[c["disco_topk"]] / 2**20}
+        print(f"| {t} | {out[0] / 2**20:.2f} | {out[c['disco_topk']] / 2**20:.2f} | {out[0] / out[c['disco_topk']]:.1f}x |")
+    if c["json"]:
+        with open(c["json"], "w") as f:
+            json.dump({"config": c, "peak_flops": peak, "steps": results, "phi": phi_rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
