@@ -1,0 +1,199 @@
+"""
+Zero-shot evaluation of a pretrained checkpoint with lm-evaluation-harness (paper Table 2).
+
+    python eval_harness.py --ckpt=out/pretrain_disco --tasks=arc_challenge,arc_easy,hellaswag,lambada_openai,piqa,race,sciq
+    python eval_harness.py --ckpt=out/pretrain_disco --tasks=piqa --limit=100 --n_loop=6      # more loops than trained
+    python eval_harness.py lm_eval --model discoloop --model_args ckpt=out/pretrain_disco --tasks piqa   # the harness CLI
+
+Prints Table 2's row (acc_norm where the harness reports it, else acc, and the average) and
+writes JSON. The model is registered with the harness as "discoloop"; the harness's own CLI does not
+import third-party modules, so `python eval_harness.py lm_eval ...` runs it with this one registered.
+The tokenizer is the tiktoken encoding recorded in the checkpoint's dataset config.
+"""
+import importlib.util
+import json
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+from lm_eval.api.model import TemplateLM
+from lm_eval.api.registry import register_model
+from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
+from tqdm import tqdm
+
+from checkpoint import CheckpointError, load_checkpoint, model_from_checkpoint
+from configurator import ConfigError, configure, die
+
+REPO = os.path.dirname(os.path.abspath(__file__))
+TABLE2 = ["arc_challenge", "arc_easy", "hellaswag", "lambada_openai", "piqa", "race", "sciq"]
+
+
+def encoding_for(ckpt):
+    """The tiktoken Encoding the checkpoint's shards were made with (data/pretrain/prepare.py)."""
+    spec = importlib.util.spec_from_file_location("prep_pt", os.path.join(REPO, "data", "pretrain", "prepare.py"))
+    prep = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(prep)
+    data_config = ckpt.get("data_config", {})
+    if "encoding" not in data_config:
+        raise CheckpointError("checkpoint was not trained on token shards (no tokenizer recorded): "
+                              "eval_harness.py evaluates pretraining checkpoints")
+    return prep.get_encoding({**prep.DEFAULTS, **data_config})
+
+
+@register_model("discoloop")
+class DiscoLoopLM(TemplateLM):
+    def __init__(self, ckpt, n_loop=None, batch_size=16, device="auto", dtype="auto", max_gen_toks=256, **_):
+        super().__init__()
+        ck = load_checkpoint(ckpt) if isinstance(ckpt, str) else ckpt
+        self.dev = device if device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+        self.model = model_from_checkpoint(ck).to(self.dev).eval()
+        self.enc = encoding_for(ck)
+        self.n_loop = int(n_loop) if n_loop not in (None, "", 0, "0") else None
+        self.batch = int(batch_size)
+        self.max_gen_toks = int(max_gen_toks)
+        if dtype == "auto":
+            dtype = "bfloat16" if self.dev.startswith("cuda") and torch.cuda.is_bf16_supported() else "float32"
+        self.ctx = (torch.autocast("cuda", dtype=getattr(torch, dtype)) if dtype != "float32"
+                    else torch.autocast("cpu", enabled=False))
+        self.max_length = self.model.config.block_size
+
+    @property
+    def eot_token_id(self):
+        return self.enc.eot_token
+
+    def tok_encode(self, string, add_special_tokens=None, **kwargs):
+        return self.enc.encode_ordinary(string)
+
+    def tok_decode(self, tokens, **kwargs):
+        return self.enc.decode(tokens)
+
+    def _encode_pair(self, context, continuation):
+        ctx, cont = super()._encode_pair(context, continuation)
+        if not cont:  # a BPE token spanned the context/continuation boundary: encode them apart
+            n = len(context) - len(context.rstrip())
+            ctx, cont = self.tok_encode(context[:len(context) - n]), self.tok_encode(context[len(context) - n:] + continuation)
+        return ctx, cont
+
+    @torch.no_grad()
+    def _logprobs(self, rows):
+        """rows: list of (input ids, n scored) -> per row (log-probs of the last n targets, all greedy).
+        Each row's input is its tokens minus the last; one padded forward per batch."""
+        T = max(len(r) - 1 for r, _ in rows)
+        x = torch.zeros(len(rows), T, dtype=torch.long)
+        for i, (r, _) in enumerate(rows):
+            x[i, :len(r) - 1] = torch.tensor(r[:-1])  # right padding: causal attention never sees it
+        with self.ctx:
+            logits, _ = self.model(x.to(self.dev), n_loop=self.n_loop)
+        logp = F.log_softmax(logits.float(), dim=-1).cpu()
+        out = []
+        for i, (r, n) in enumerate(rows):
+            L = len(r) - 1
+            tgt = torch.tensor(r[-n:])
+            lp = logp[i, L - n:L]
+            out.append((lp.gather(1, tgt[:, None]).sum().item(), bool((lp.argmax(-1) == tgt).all())))
+        return out
+
+    def _loglikelihood_tokens(self, requests, disable_tqdm=False, **kwargs):
+        # longest first: batches of similar length, and an OOM shows up on the first batch
+        rows = []
+        for _, ctx, cont in requests:
+            whole = (ctx + cont)[-(self.max_length + 1):]  # keep the end; a too-long continuation loses its start
+            rows.append((whole, min(len(cont), len(whole) - 1)))
+        order = sorted(range(len(rows)), key=lambda i: -len(rows[i][0]))
+        results = [None] * len(rows)
+        for s in tqdm(range(0, len(order), self.batch), disable=disable_tqdm, desc="loglikelihood"):
+            idx = order[s:s + self.batch]
+            for i, r in zip(idx, self._logprobs([rows[i] for i in idx])):
+                results[i] = r
+        return results
+
+    def loglikelihood_rolling(self, requests, disable_tqdm=False):
+        out = []
+        for req in tqdm(requests, disable=disable_tqdm, desc="loglikelihood_rolling"):
+            tokens = self.tok_encode(req.args[0])
+            windows = [make_disjoint_window(w) for w in get_rolling_token_windows(
+                tokens, prefix_token=self.eot_token_id, max_seq_len=self.max_length, context_len=1)]
+            total = 0.0
+            for s in range(0, len(windows), self.batch):
+                rows = [(ctx + pred, len(pred)) for ctx, pred in windows[s:s + self.batch]]
+                total += sum(lp for lp, _ in self._logprobs(rows))
+            out.append(total)
+        return out
+
+    @torch.no_grad()
+    def generate_until(self, requests, disable_tqdm=False):
+        out = []
+        for req in tqdm(requests, disable=disable_tqdm, desc="generate_until"):
+            context, kw = req.args
+            until = kw.get("until", [self.tok_decode([self.eot_token_id])])
+            until = [until] if isinstance(until, str) else until
+            max_new = int(kw.get("max_gen_toks", self.max_gen_toks))
+            ids = self.tok_encode(context)
+            new = []
+            for _ in range(max_new):  # greedy; no KV cache (the looped model re-reads the window)
+                x = torch.tensor([(ids + new)[-self.max_length:]], device=self.dev)
+                with self.ctx:
+                    logits, _ = self.model(x, n_loop=self.n_loop)
+                nxt = int(logits[0, -1].argmax())
+                if nxt == self.eot_token_id:
+                    break
+                new.append(nxt)
+                text = self.tok_decode(new)
+                if any(u in text for u in until):
+                    break
+            text = self.tok_decode(new)
+            for u in until:
+                text = text.split(u)[0]
+            out.append(text)
+        return out
+
+
+def table2_row(results, tasks):
+    """{task: score}: acc_norm where the harness reports it, else acc (the paper's choice)."""
+    row = {}
+    for t in tasks:
+        r = results.get(t, {})
+        key = "acc_norm,none" if "acc_norm,none" in r else "acc,none"
+        if key in r:
+            row[t] = 100 * r[key]
+    if row:
+        row["avg"] = sum(row.values()) / len(row)
+    return row
+
+
+DEFAULTS = dict(ckpt="", tasks=",".join(TABLE2), n_loop=0, batch_size=16, limit=0, device="auto", dtype="auto",
+                include_path="", json="")
+
+
+def main(argv):
+    if argv and argv[0] == "lm_eval":  # the harness CLI, with "discoloop" registered
+        from lm_eval.__main__ import cli_evaluate
+        sys.argv = ["lm_eval"] + argv[1:]
+        return cli_evaluate()
+    try:
+        c = configure(DEFAULTS, argv)
+        if not c["ckpt"]:
+            raise ConfigError("--ckpt=PATH is required (a checkpoint file or run folder)")
+        import lm_eval
+        from lm_eval.tasks import TaskManager
+        lm = DiscoLoopLM(c["ckpt"], n_loop=c["n_loop"], batch_size=c["batch_size"], device=c["device"], dtype=c["dtype"])
+        tm = TaskManager(include_path=c["include_path"] or None)
+        tasks = c["tasks"].split(",")
+        unknown = [t for t in tasks if t not in tm.all_tasks]
+        if unknown:
+            raise ConfigError(f"unknown task(s) {unknown}; see `lm_eval --tasks list` or pass --include_path")
+        res = lm_eval.simple_evaluate(model=lm, tasks=tasks, task_manager=tm, num_fewshot=0,
+                                      limit=c["limit"] or None)
+    except (ConfigError, CheckpointError) as e:
+        die(e)
+    row = table2_row(res["results"], tasks)
+    print("| " + " | ".join(row) + " |\n|" + "---|" * len(row) + "\n| " + " | ".join(f"{v:.1f}" for v in row.values()) + " |")
+    path = c["json"] or os.path.join(c["ckpt"] if os.path.isdir(c["ckpt"]) else os.path.dirname(c["ckpt"]), "eval_harness.json")
+    with open(path, "w") as f:
+        json.dump({"row": row, "results": res["results"], "n_loop": c["n_loop"] or None}, f, indent=1, default=str)
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,138 @@
+"""eval_harness.py offline: local YAML tasks on a tiny checkpoint trained in the test."""
+import json
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import run
+
+TINY = ["config/pretrain_tiny.py", "--max_iters=30", "--eval_interval=30", "--dtype=float32", "--eval_iters=2",
+        "--threads=1", "--n_embd=64", "--n_loop=2", "--disco_topk=16", "--block_size=64"]
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    d = tmp_path_factory.mktemp("harness")
+    out = str(d / "run")
+    r = run(["train.py", *TINY, f"--out_dir={out}", f"--data_dir={d / 'shards'}"])
+    assert r.returncode == 0, r.stderr
+    return out
+
+
+@pytest.fixture(scope="module")
+def lm(ckpt):
+    import datasets
+    datasets.config.SLEEP_TIME_ON_THREADS_SHUTDOWN = 0
+    from eval_harness import DiscoLoopLM
+    return DiscoLoopLM(ckpt, batch_size=16)
+
+
+class Req:  # what the harness passes: an object with .args
+    def __init__(self, *args):
+        self.args = args
+
+
+def direct_loglik(model, enc, context, continuation):
+    ctx, cont = enc.encode_ordinary(context), enc.encode_ordinary(continuation)
+    ids = torch.tensor([ctx + cont])
+    logits, _ = model(ids[:, :-1])
+    lp = F.log_softmax(logits.float(), -1)[0, len(ctx) - 1:]
+    return lp.gather(1, torch.tensor(cont)[:, None]).sum().item()
+
+
+PAIRS = [("The small cat sees", " the dog."), ("12 + 30 =", " 42."), ("The old", " river moves the tree. " * 2),
+         ("x", "y"), ("The quiet teacher reads the book and the young student", " follows.")]
+
+
+def test_loglikelihood_matches_direct_forward(lm):
+    res = lm.loglikelihood([Req(c, x) for c, x in PAIRS], disable_tqdm=True)
+    for (c, x), (ll, greedy) in zip(PAIRS, res):
+        assert ll == pytest.approx(direct_loglik(lm.model, lm.enc, c, x), abs=1e-4)
+        assert isinstance(greedy, bool)
+
+
+def test_batch_size_does_not_change_results(lm):
+    reqs = [Req(c, x) for c, x in PAIRS * 4]
+    lm.batch = 1
+    one = lm.loglikelihood(reqs, disable_tqdm=True)
+    lm.batch = 16
+    many = lm.loglikelihood(reqs, disable_tqdm=True)
+    for a, b in zip(one, many):
+        assert a[0] == pytest.approx(b[0], abs=1e-4) and a[1] == b[1]
+
+
+def test_rolling_equals_sum_over_tokens(lm):
+    text = "The red cat sees the dog. " * 8  # longer than block_size=64 bytes: several windows
+    (ll,) = lm.loglikelihood_rolling([Req(text)], disable_tqdm=True)
+    ids = lm.enc.encode_ordinary(text)
+    # reference: every token scored once, in disjoint windows of block_size=64 predictions, each
+    # token seeing the window's tokens before it (the harness's rolling scheme with context_len=1)
+    total = 0.0
+    full = [lm.eot_token_id] + ids
+    for i in range(1, len(full)):
+        ctx = full[(i - 1) // 64 * 64:i]
+        logits, _ = lm.model(torch.tensor([ctx]))
+        total += F.log_softmax(logits[0, -1].float(), -1)[full[i]].item()
+    assert ll == pytest.approx(total, rel=1e-3)
+
+
+def test_generate_until_stops(lm):
+    (out,) = lm.generate_until([Req("The small cat", {"until": ["."], "max_gen_toks": 20})], disable_tqdm=True)
+    assert "." not in out and len(out) <= 20
+
+
+def test_local_tasks_through_the_harness(ckpt, tmp_path):
+    mc = tmp_path / "mc.jsonl"
+    mc.write_text("".join(json.dumps(d) + "\n" for d in [
+        {"question": "12 + 30 =", "choices": [" 42.", " 17.", " cat."], "label": 0},
+        {"question": "The small cat sees the", "choices": [" dog.", " 7 + 1", " ==="], "label": 0},
+        {"question": "3 * 3 =", "choices": [" 9.", " dog."], "label": 0}]))
+    lam = tmp_path / "lam.jsonl"
+    lam.write_text("".join(json.dumps({"text": t}) + "\n" for t in [
+        "The red cat sees the dog", "The old engine builds the city", "2 + 2 = 4"]))
+    (tmp_path / "mc.yaml").write_text(f"""task: tiny_mc
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {mc}
+test_split: test
+output_type: multiple_choice
+doc_to_text: "{{{{question}}}}"
+doc_to_target: "{{{{label}}}}"
+doc_to_choice: "{{{{choices}}}}"
+metric_list:
+  - metric: acc
+  - metric: acc_norm
+""")
+    (tmp_path / "lam.yaml").write_text(f"""task: tiny_lambada
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {lam}
+test_split: test
+output_type: loglikelihood
+doc_to_text: "{{{{text.split(' ')[:-1]|join(' ')}}}}"
+doc_to_target: "{{{{' '+text.split(' ')[-1]}}}}"
+metric_list:
+  - metric: perplexity
+  - metric: acc
+""")
+    js = str(tmp_path / "out.json")
+    r = run(["eval_harness.py", f"--ckpt={ckpt}", "--tasks=tiny_mc,tiny_lambada", f"--include_path={tmp_path}",
+             f"--json={js}", "--n_loop=3"], env={"HF_DATASETS_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")})
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.load(open(js))
+    assert set(res["row"]) == {"tiny_mc", "tiny_lambada", "avg"} and res["n_loop"] == 3
+    assert "acc_norm,none" in res["results"]["tiny_mc"]
+    assert res["row"]["tiny_mc"] == pytest.approx(100 * res["results"]["tiny_mc"]["acc_norm,none"])
+    assert "| tiny_mc | tiny_lambada | avg |" in r.stdout
+
+
+def test_bad_input(ckpt, tmp_path):
+    r = run(["eval_harness.py", f"--ckpt={tmp_path}/none.pt"])
+    assert r.returncode == 2 and "not found" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    r = run(["eval_harness.py", f"--ckpt={ckpt}", "--tasks=no_such_task"],
+            env={"HF_DATASETS_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")})
+    assert r.returncode == 2 and "no_such_task" in r.stderr, r.stderr[-2000:]
