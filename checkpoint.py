@@ -54,14 +54,16 @@ def strip_compile_prefix(state_dict):
     return {k.removeprefix("_orig_mod."): v for k, v in state_dict.items()}
 
 
-def model_from_checkpoint(ckpt, **overrides):
-    """Rebuild the GPT of a checkpoint; overrides (e.g. disco_alpha) change config fields."""
+def model_from_checkpoint(ckpt, use_ema=True, **overrides):
+    """Rebuild the GPT of a checkpoint (its weight average when it has one and use_ema);
+    overrides (e.g. disco_alpha) change config fields."""
     try:
         config = GPTConfig(**{**ckpt["model_args"], **overrides})
     except (TypeError, ValueError) as e:
         raise CheckpointError(f"checkpoint model config is invalid: {e}") from None
     model = GPT(config)
-    missing, unexpected = model.load_state_dict(strip_compile_prefix(ckpt["model"]), strict=False)
+    weights = ckpt["ema"] if use_ema and "ema" in ckpt else ckpt["model"]
+    missing, unexpected = model.load_state_dict(strip_compile_prefix(weights), strict=False)
     if missing or unexpected:
         raise CheckpointError(f"checkpoint does not match its config: missing {missing[:3]}, "
                               f"unexpected {unexpected[:3]}")

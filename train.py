@@ -61,7 +61,7 @@ pos_emb = "learned"
 rope_theta = 10000.0
 sandwich_norm = False
 norm = "rmsnorm"
-mlp = "swiglu"
+mlp = "gelu"                 # GPT-2's MLP for the symbolic base (see README: SwiGLU took the memorization route)
 bias = False
 recurrence = "disco"
 n_loop = 2
@@ -81,6 +81,7 @@ beta2 = 0.98
 adam_eps = 1e-8
 grad_clip = 1.0              # 0 disables
 muon_momentum = 0.95
+ema_decay = 0.0              # > 0: also keep an exponential moving average of the weights; evaluation and probes use it
 # learning-rate schedule: linear warmup, then cosine/linear decay to min_lr at lr_decay_iters
 decay_lr = True
 lr_schedule = "cosine"       # 'cosine' | 'linear'
@@ -240,6 +241,13 @@ if ckpt is not None:
     torch.set_rng_state(ckpt["rng_cpu"])
     if device_type == "cuda" and "rng_cuda" in ckpt:
         torch.cuda.set_rng_state(ckpt["rng_cuda"])
+ema = None
+if ema_decay > 0:  # weight averaging: smooths the late-training swings of OOD accuracy
+    import copy
+    ema = copy.deepcopy(model).requires_grad_(False)
+    if ckpt is not None and "ema" in ckpt:
+        ema.load_state_dict(ckpt["ema"])
+    ema_params, model_params = list(ema.parameters()), list(model.parameters())
 scaler = torch.amp.GradScaler(device_type, enabled=(dtype == "float16"))
 raw_model = model
 if compile:
@@ -279,17 +287,18 @@ def get_batch(it, micro):
 
 @torch.no_grad()
 def evaluate():
-    raw_model.eval()
+    m = ema if ema is not None else raw_model
+    m.eval()
     if dataset == "pretrain":
         losses = []
         for i in range(eval_iters):  # fixed windows, the same at every evaluation
             x, y = val_data.get_batch(batch_size, block_size, [seed, 10**9, i])
             with ctx:
-                losses.append(raw_model(x.to(device), y.to(device))[1].item())
+                losses.append(m(x.to(device), y.to(device))[1].item())
         out = {"val_loss": round(sum(losses) / len(losses), 5)}
     else:
-        out = evaluate_splits(raw_model, data, batch_size=eval_batch_size, device=device, ctx=ctx)
-    raw_model.train()
+        out = evaluate_splits(m, data, batch_size=eval_batch_size, device=device, ctx=ctx)
+    m.train()
     return out
 
 
@@ -299,6 +308,8 @@ def checkpoint_obj():
            "iter_num": iter_num, "rng_cpu": torch.get_rng_state()}
     if device_type == "cuda":
         obj["rng_cuda"] = torch.cuda.get_rng_state()
+    if ema is not None:
+        obj["ema"] = ema.state_dict()
     return obj
 
 
@@ -396,6 +407,9 @@ while True:
     scaler.update()
     for opt in optimizers:
         opt.zero_grad(set_to_none=True)
+    if ema is not None:
+        with torch.no_grad():
+            torch._foreach_lerp_(ema_params, model_params, 1 - ema_decay)
     iter_num += 1
     if ddp:  # the loss on this rank; average it so every rank logs the same number
         t = torch.tensor(loss_sum, device=device)
