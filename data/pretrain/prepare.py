@@ -29,6 +29,7 @@ DEFAULTS = dict(out_dir=os.path.join(REPO, "data", "pretrain", "shards"), data_f
                 max_tokens=20_000_000_000, val_tokens=10_000_000, shard_tokens=100_000_000,
                 batch_docs=1024, num_proc=8)
 GENERATOR_KEYS = ["data_files", "weights", "text_column", "encoding", "tiktoken_file", "val_tokens", "shard_tokens"]
+GPT2_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"  # r50k_base / gpt2.tiktoken
 # the regex tiktoken uses for GPT-2 (r50k_base); for --tiktoken_file with GPT-2 ranks
 GPT2_PAT = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 
@@ -48,7 +49,17 @@ def get_encoding(c):
         from tiktoken.load import load_tiktoken_bpe
         if not os.path.isfile(c["tiktoken_file"]):
             raise ConfigError(f"tiktoken_file '{c['tiktoken_file']}' not found")
-        ranks = load_tiktoken_bpe(c["tiktoken_file"])
+        if c["encoding"] == "gpt2":  # the official ranks, checked by hash (tiktoken skips it when not caching)
+            import hashlib
+            with open(c["tiktoken_file"], "rb") as f:
+                digest = hashlib.sha256(f.read()).hexdigest()
+            if digest != GPT2_SHA256:
+                raise ConfigError(f"tiktoken_file '{c['tiktoken_file']}' is not usable: sha256 {digest[:12]}... is not "
+                                  f"that of GPT-2's ranks ({GPT2_SHA256[:12]}...)")
+        try:
+            ranks = load_tiktoken_bpe(c["tiktoken_file"])
+        except Exception as e:
+            raise ConfigError(f"tiktoken_file '{c['tiktoken_file']}' is not usable: {e}") from None
         return tiktoken.Encoding(c["encoding"], pat_str=GPT2_PAT, mergeable_ranks=ranks,
                                  special_tokens={"<|endoftext|>": len(ranks)})
     try:

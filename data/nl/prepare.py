@@ -1,0 +1,137 @@
+"""
+The synthetic natural-language two-hop task (paper Sec. 5.2): the symbolic two-graph data
+(data/symbolic/prepare.py builds the graphs and splits) verbalized in English,
+
+    atom     Finley's teacher is Anya
+    direct   Finley's teacher's wife is Charlie
+    reverse  Who is the wife of the teacher of Finley?\nAnswer: Charlie
+
+tokenized with GPT-2 BPE through tiktoken and remapped to the compact vocabulary of the token ids
+that occur (a small model does not pay for 50,257 embedding rows). meta.json keeps the map
+(`bpe_ids`: compact id -> GPT-2 id) so every example decodes back to its sentence.
+
+    python data/nl/prepare.py --format=direct --tiktoken_file=PATH/gpt2.tiktoken
+    python data/nl/prepare.py --format=reverse --n_entities=200 --out_dir=data/nl/reverse200
+
+Offline: tiktoken.get_encoding("gpt2") downloads its ranks; --tiktoken_file reads the official
+file from disk instead (README says where to get it). Split files hold question tokens, a tab,
+then the answer tokens (a name may span several BPE tokens; loss and exact match cover all).
+"""
+import importlib.util
+import json
+import os
+import sys
+
+import numpy as np
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, REPO)
+from configurator import ConfigError, configure, die  # noqa: E402
+
+
+def _load(name, path):
+    spec = importlib.util.spec_from_file_location(name, os.path.join(REPO, path))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+sym = _load("prepare_symbolic", "data/symbolic/prepare.py")  # the graph code, reused
+tok = _load("prepare_pretrain", "data/pretrain/prepare.py")    # tiktoken loading, reused
+
+DEFAULTS = {**sym.DEFAULTS, "out_dir": os.path.join(REPO, "data", "nl", "direct"), "format": "direct",
+            "encoding": "gpt2", "tiktoken_file": ""}
+GENERATOR_KEYS = sym.GENERATOR_KEYS + ["format", "encoding"]
+FORMATS = ("direct", "reverse")
+
+RELATIONS = """teacher wife husband mother father sister brother friend boss neighbor doctor dentist lawyer
+coach mentor student partner cousin uncle aunt nephew niece son daughter grandmother grandfather roommate
+landlord tenant assistant manager colleague classmate tutor therapist accountant barber editor agent trainer
+rival bodyguard chef driver secretary advisor sponsor pharmacist banker employer""".split()
+
+ONSETS = ["B", "C", "D", "F", "G", "H", "J", "K", "L", "M", "N", "P", "R", "S", "T", "V", "W", "Z", "Br", "Ch",
+          "Cl", "Dr", "El", "Fl", "Gr", "Kr", "Pr", "St", "Tr", "Sh", "Th", "Al", "An", "Ar", "Ed", "Em", "Is", "Or"]
+VOWELS = ["a", "e", "i", "o", "u", "ai", "ea", "io", "ou", "y"]
+CODAS = ["n", "l", "r", "s", "th", "x", "nd", "rk", "lla", "na", "ra", "ria", "nne", "lie", "son", "ton", "ley",
+         "den", "bel", "mir", "zel", "dra", "ven", "nor"]
+
+
+def make_names(n, seed):
+    """n distinct capitalized names, none a prefix of another (so no answer is a prefix of another)."""
+    rng = np.random.default_rng([seed, 7])
+    names = set()
+    while len(names) < 4 * n:
+        names.add(rng.choice(ONSETS) + rng.choice(VOWELS) + rng.choice(CODAS) +
+                  (rng.choice(VOWELS) + rng.choice(CODAS) if rng.random() < 0.5 else ""))
+    ordered = sorted(names)
+    keep = [a for a, b in zip(ordered, ordered[1:] + [""]) if not b.startswith(a)]  # sorted: prefixes are adjacent
+    if len(keep) < n:
+        raise ConfigError(f"could not generate {n} distinct names (asked for n_entities={n // 2} per graph)")
+    rng.shuffle(keep)
+    return keep[:n]
+
+
+def verbalize(ex, fmt, name, rel):
+    """(question, answer) strings of one symbolic example (entity, relations..., answer)."""
+    a, rels, ans = name[ex[0]], [rel[r] for r in ex[1:-1]], " " + name[ex[-1]]
+    if len(rels) == 1 or fmt == "direct":  # atoms always read "X's r is"
+        return f"{a}'s " + "'s ".join(rels) + " is", ans
+    chain = " of the ".join(reversed(rels))  # (a, r1, r2) -> the r2 of the r1 of a
+    return f"Who is the {chain} of {a}?\nAnswer:", ans
+
+
+def build(c, enc):
+    if c["format"] not in FORMATS:
+        raise ConfigError(f"format={c['format']!r} is invalid: allowed {FORMATS}")
+    if c["n_relations"] > len(RELATIONS):
+        raise ConfigError(f"n_relations={c['n_relations']} exceeds the {len(RELATIONS)} relation nouns")
+    splits, meta, _ = sym.build(c)
+    ents = meta["entities"]["A"] + meta["entities"]["B"]
+    name = dict(zip(ents, make_names(len(ents), c["seed"])))
+    rel = dict(zip(meta["relations"], RELATIONS))
+    texts = {s: [verbalize(ex, c["format"], name, rel) for ex in exs] for s, exs in splits.items()}
+    encoded = {s: [(enc.encode_ordinary(q), enc.encode_ordinary(a)) for q, a in pairs] for s, pairs in texts.items()}
+    bpe_ids = sorted({t for pairs in encoded.values() for q, a in pairs for t in q + a})
+    compact = {t: i for i, t in enumerate(bpe_ids)}
+    vocab = [f"t{t}" for t in bpe_ids]  # token strings of the split files
+    name_toks = {t for n in name.values() for t in enc.encode_ordinary(" " + n) + enc.encode_ordinary(n)}
+    rel_toks = {t for r in rel.values() for t in enc.encode_ordinary(" " + r)}
+    kinds = {f"t{t}": "entity" if t in name_toks else "relation" if t in rel_toks else "filler" for t in bpe_ids}
+    files = {f"{s}.txt": "".join(" ".join(vocab[compact[t]] for t in q) + "\t" + " ".join(vocab[compact[t]] for t in a)
+                                 + "\n" for q, a in pairs) for s, pairs in encoded.items()}
+    files.update({f"{s}.text.jsonl": "".join(json.dumps({"question": q, "answer": a}) + "\n" for q, a in pairs)
+                  for s, pairs in texts.items()})
+    meta.update(vocab=vocab, bpe_ids=bpe_ids, encoding=enc.name, token_kinds=kinds,
+                names={e: name[e] for e in ents}, relation_words=rel,
+                config={k: c[k] for k in GENERATOR_KEYS})
+    return files, meta
+
+
+def prepare(c, enc=None):
+    out_dir = c["out_dir"]
+    if os.path.exists(out_dir):
+        why = sym.existing_config_mismatch(out_dir, c, GENERATOR_KEYS)
+        if why:
+            raise ConfigError(why + " (delete it or choose another out_dir)")
+        return out_dir
+    enc = enc or tok.get_encoding({**tok.DEFAULTS, "encoding": c["encoding"], "tiktoken_file": c["tiktoken_file"]})
+    files, meta = build(c, enc)
+    sym.write_dataset(out_dir, files, meta)
+    return out_dir
+
+
+def main(argv):
+    try:
+        c = configure(DEFAULTS, argv)
+        out = prepare(c)
+    except ConfigError as e:
+        die(e)
+    with open(os.path.join(out, "meta.json")) as f:
+        meta = json.load(f)
+    with open(os.path.join(out, "test_ood.text.jsonl")) as f:
+        ex = json.loads(f.readline())
+    print(f"wrote {out}: vocabulary of {len(meta['vocab'])} GPT-2 tokens; e.g. {ex['question']!r} ->{ex['answer']!r}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
