@@ -37,6 +37,7 @@ class GPTConfig:
     dropout: float = 0.0
     pos_emb: str = "rope"      # "rope" (pretraining backbone) or "learned" (GPT-2 base of the symbolic runs)
     rope_theta: float = 10000.0
+    pos_every_loop: bool = False  # learned positions: add them before every loop, not only to the tokens
     sandwich_norm: bool = False  # Ouro-style: also norm each sublayer's output before the residual add
     norm: str = "rmsnorm"      # "rmsnorm" or "layernorm" (GPT-2) for the blocks and ln_f
     mlp: str = "swiglu"        # "swiglu" or "gelu" (GPT-2: 4d hidden)
@@ -300,6 +301,8 @@ class GPT(nn.Module):
                 h = self.f_theta(x + pos if pos is not None else x)
                 x_next = h if last else x + self.phi(h)
             else:
+                if pos is not None and cfg.pos_every_loop and k > 1:
+                    x = x + pos
                 h = self.f_theta(x, copy=k - 1 if cfg.recurrence == "none" else 0)
                 x_next = self.inject(h) if cfg.recurrence == "disco" and not last else h
             if hook is not None:

@@ -59,6 +59,7 @@ n_hidden = 0
 dropout = 0.0
 pos_emb = "learned"
 rope_theta = 10000.0
+pos_every_loop = False
 sandwich_norm = False
 norm = "rmsnorm"
 mlp = "gelu"                 # GPT-2's MLP for the symbolic base (see README: SwiGLU took the memorization route)

@@ -35,6 +35,8 @@ def reference(model, idx, K):
         return x
 
     def head(h):
+        if cfg.norm == "layernorm":
+            return F.layer_norm(h, (h.size(-1),), tr.ln_f.weight, tr.ln_f.bias) @ W.T
         return rmsnorm(h, tr.ln_f.weight) @ W.T
 
     def phi(h):
@@ -54,6 +56,8 @@ def reference(model, idx, K):
         return head(h)
     x = x + pos
     for k in range(K):
+        if k > 0 and cfg.pos_every_loop:
+            x = x + pos
         h = f(x, copy=k if cfg.recurrence == "none" else 0)
         if cfg.recurrence == "disco" and k < K - 1:
             p = phi(h)
@@ -69,7 +73,9 @@ def reference(model, idx, K):
 
 CASES = [("none", {}), ("loop", {}), ("disco", {}), ("disco", {"disco_topk": 5}),
          ("disco", {"disco_gate": "learned"}), ("disco", {"disco_gate": "learned", "disco_topk": 3, "disco_tau": 0.7}),
-         ("disco", {"disco_alpha": 0.4, "disco_chunk": 3}), ("ponder", {}), ("ponder", {"disco_topk": 4})]
+         ("disco", {"disco_alpha": 0.4, "disco_chunk": 3}), ("ponder", {}), ("ponder", {"disco_topk": 4}),
+         ("disco", {"pos_every_loop": True}), ("loop", {"pos_every_loop": True, "sandwich_norm": True}),
+         ("disco", {"mlp": "gelu", "norm": "layernorm", "bias": True})]
 
 
 @pytest.mark.parametrize("K", [2, 3])
