@@ -1,0 +1,38 @@
+"""Every shipped config file is valid against train.py's defaults and builds a valid model."""
+import ast
+import glob
+import os
+
+import pytest
+import torch
+
+from conftest import REPO
+from configurator import configure
+from model import GPT, GPTConfig
+
+
+def train_defaults():
+    """The module-level literal assignments of train.py (its config block), read with ast."""
+    tree = ast.parse(open(os.path.join(REPO, "train.py")).read())
+    out = {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            try:
+                out[node.targets[0].id] = ast.literal_eval(node.value)
+            except ValueError:
+                pass
+    return {k: v for k, v in out.items() if isinstance(v, (int, float, bool, str))}
+
+
+@pytest.mark.parametrize("path", sorted(glob.glob(os.path.join(REPO, "config", "*.py"))))
+def test_config_valid(path, monkeypatch):
+    monkeypatch.chdir(REPO)  # configs exec() their parent config by relative path
+    c = configure(train_defaults(), [path])
+    c["vocab_size"] = c["vocab_size"] or 1000
+    with torch.device("meta"):  # no memory for the 440M configs
+        model = GPT(GPTConfig.from_dict(c))
+    if os.path.basename(path).startswith("pretrain") and "tiny" not in path:
+        # Appendix B: 440M parameters, 128 x 8192 tokens per step, 19,074 steps
+        assert abs(model.get_num_params() / 440e6 - 1) < 0.02
+        assert c["batch_size"] * c["gradient_accumulation_steps"] * c["block_size"] == 1_048_576
+        assert c["max_iters"] == 19074 and c["n_loop"] == 4
