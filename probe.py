@@ -52,7 +52,7 @@ def bridges(data, split):
 
 
 def table(header, rows):
-    fmt = lambda v: f"{v:.3f}" if isinstance(v, float) else str(v)
+    fmt = lambda v: f"{v:.3g}" if isinstance(v, float) else str(v)
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(fmt(v) for v in row) + " |" for row in rows]
     return "\n".join(lines)
@@ -183,17 +183,31 @@ def cmd_plot(dirs, png):
             ax1.plot(x, [m.get(f"acc/{split}", float("nan")) for m in ms], ls=ls, color=color, label=f"{label} {split}")
         stage1 = "acc/train_id" if flat else "acc1/train_id"  # the flat model has no Stage 1: its final accuracy
         ax2.plot(x, [m.get(stage1, float("nan")) for m in ms], color=color, label=label + (" (final)" if flat else ""))
-        out[label] = {"last": ms[-1]}
+        out[label] = {"last": ms[-1], "first": first_crossings(ms)}
     ax1.set(xlabel="epoch", ylabel="two-hop accuracy", ylim=(0, 1.02), title="test_id (solid), test_ood (dashed)")
     ax2.set(xlabel="epoch", ylabel="Stage-1 train two-hop accuracy", ylim=(0, 1.02), title="Stage-1 (head after loop 1)")
     ax1.legend(fontsize=7)
     ax2.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(png, dpi=110)
-    print(table(["run", "epoch", "test_id", "test_ood", "Stage-1 train_id"],
-                [[k, v["last"].get("epoch"), v["last"].get("acc/test_id"), v["last"].get("acc/test_ood"),
-                  v["last"].get("acc1/train_id")] for k, v in out.items()]))
+    print(table(["run", "epoch", "minutes", "test_id", "test_ood", "Stage-1 train_id", "best test_ood",
+                 "ID>=.8", "ID>=.9", "OOD>=.8", "OOD>=.9"],
+                [[k, v["last"].get("epoch"), round(v["last"]["time"] / 60, 1), v["last"].get("acc/test_id"),
+                  v["last"].get("acc/test_ood"), v["last"].get("acc1/train_id"), v["first"]["best_ood"]]
+                 + [v["first"][f"{s}>={t}"] for s in ("test_id", "test_ood") for t in (0.8, 0.9)]
+                 for k, v in out.items()]))
+    print("(crossings: first evaluation at or above the threshold, as 'epoch (minutes)')")
     print(f"wrote {png}")
+    return out
+
+
+def first_crossings(ms):
+    """First evaluation where test_id / test_ood reach 0.8 and 0.9, as 'epoch (minutes)'."""
+    out = {"best_ood": max((m.get("acc/test_ood", 0) for m in ms), default=0)}
+    for split in ("test_id", "test_ood"):
+        for t in (0.8, 0.9):
+            hit = next((m for m in ms if m.get(f"acc/{split}", 0) >= t), None)
+            out[f"{split}>={t}"] = f"{hit.get('epoch', hit['iter'])} ({hit['time'] / 60:.1f})" if hit else "-"
     return out
 
 
