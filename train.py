@@ -22,7 +22,6 @@ import sys
 import time
 
 import torch
-import torch.nn.functional as F  # noqa: F401  (handy when forking)
 from torch.distributed import destroy_process_group, init_process_group
 from torch.nn.parallel import DistributedDataParallel as DDP
 

@@ -134,3 +134,18 @@ def test_resume_with_other_model_or_data_refused(tiny_data, tmp_path):
     args = [a if not a.startswith("--prepare_args") else a + " --seed=3" for a in args]
     r = run(args)
     assert r.returncode == 2 and "seed" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("damage,needle", [
+    (lambda d: os.remove(os.path.join(d, "test_ood.txt")), "is missing"),
+    (lambda d: open(os.path.join(d, "test_id.txt"), "a").write("e1 r1 zz9 e2\n"), "'zz9' is not in the vocabulary"),
+    (lambda d: open(os.path.join(d, "train_id.txt"), "w").close(), "is empty"),
+    (lambda d: open(os.path.join(d, "meta.json"), "w").write("{"), "not valid JSON"),
+])
+def test_damaged_dataset_one_line(tiny_data, tmp_path, damage, needle):
+    import shutil
+    d = str(tmp_path / "data")
+    shutil.copytree(tiny_data, d)
+    damage(d)
+    r = run(tiny_train_args(d, str(tmp_path / "run"), "--max_iters=5"))
+    assert r.returncode == 2 and needle in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr

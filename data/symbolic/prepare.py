@@ -138,8 +138,11 @@ def existing_config_mismatch(out_dir, config, keys):
     path = os.path.join(out_dir, "meta.json")
     if not os.path.isfile(path):
         return f"{out_dir} exists but has no meta.json (not a prepared dataset)"
-    with open(path) as f:
-        have = json.load(f).get("config", {})
+    try:
+        with open(path) as f:
+            have = json.load(f).get("config", {})
+    except json.JSONDecodeError as e:
+        return f"{path} is not valid JSON ({e.msg} at line {e.lineno})"
     for k in keys:
         if have.get(k) != config[k]:
             return f"{out_dir} was prepared with {k}={have.get(k)!r}, not {config[k]!r}"
