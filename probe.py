@@ -27,9 +27,9 @@ BRIDGE_POS = 1
 NORMS = ("rms", "unit", "none")
 
 
-def load(ckpt_path, data_dir=None):
+def load(ckpt_path, data_dir=None, raw=False):
     ckpt = load_checkpoint(ckpt_path)
-    model = model_from_checkpoint(ckpt).eval()
+    model = model_from_checkpoint(ckpt, use_ema=not raw).eval()
     data_dir = data_dir or ckpt["config"]["data_dir"]
     data = QAData(data_dir)
     why = config_mismatch(ckpt.get("data_config", {}), data.meta["config"], list(data.meta["config"]))
@@ -227,6 +227,7 @@ def main(argv):
     ap.add_argument("--alphas", default="0,0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9,1.0")
     ap.add_argument("--png", default="")
     ap.add_argument("--json", default="")
+    ap.add_argument("--raw", action="store_true", help="probe the raw weights, not the weight average (EMA)")
     ap.add_argument("--threads", type=int, default=0)
     a = ap.parse_args(argv)
     if a.threads:
@@ -240,7 +241,7 @@ def main(argv):
         else:
             if not a.ckpt:
                 die(f"{a.command} needs --ckpt=PATH")
-            ckpt, model, data = load(a.ckpt, a.data_dir)
+            ckpt, model, data = load(a.ckpt, a.data_dir, a.raw)
             with torch.no_grad():
                 if a.command == "acc":
                     try:
