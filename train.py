@@ -251,12 +251,13 @@ if ema_decay > 0:  # weight averaging: smooths the late-training swings of OOD a
 scaler = torch.amp.GradScaler(device_type, enabled=(dtype == "float16"))
 raw_model = model
 if compile:
-    try:
-        model = torch.compile(model)
-        if master:
-            print("compiling the model with torch.compile (first steps are slow)")
-    except Exception as e:  # e.g. no C compiler, unsupported platform: eager still works
-        print(f"torch.compile unavailable ({type(e).__name__}: {e}); running eager")
+    # compile errors surface at the first call, not here: let dynamo fall back to eager (with a
+    # warning) for anything it cannot compile, e.g. no C++ compiler on a CPU machine
+    import torch._dynamo
+    torch._dynamo.config.suppress_errors = True
+    model = torch.compile(model)
+    if master:
+        print("torch.compile on (the first steps compile; unsupported pieces fall back to eager with a warning)")
 if ddp:
     model = DDP(model, device_ids=[local_rank] if device_type == "cuda" else None)
 del ckpt
