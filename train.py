@@ -114,6 +114,8 @@ for key in ("batch_size", "gradient_accumulation_steps", "eval_interval", "log_i
         die(f"{key}={config[key]} must be >= 1")
 if max_iters < 0 or learning_rate <= 0 or min_lr < 0 or grad_clip < 0 or weight_decay < 0:
     die("max_iters, weight_decay, min_lr and grad_clip must be >= 0 and learning_rate > 0")
+if not 0 <= ema_decay < 1:
+    die(f"ema_decay={ema_decay} is invalid: allowed 0 (off) or 0 < ema_decay < 1")
 
 # distributed setup (nanoGPT's): torchrun sets RANK, LOCAL_RANK and WORLD_SIZE
 ddp = int(os.environ.get("RANK", -1)) != -1

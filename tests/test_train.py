@@ -109,6 +109,7 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(tiny_data, tmp_path):
     (["--block_size=2"], "block_size=2"),
     (["--optimizer=sgd"], "optimizer='sgd'"),
     (["--init_from=resume"], "not found"),
+    (["--ema_decay=1.5"], "ema_decay=1.5"),
 ])
 def test_bad_input_one_line(tiny_data, tmp_path, extra, needle):
     r = run(tiny_train_args(tiny_data, str(tmp_path / "run"), "--max_iters=5", *extra))
