@@ -39,8 +39,8 @@ def test_train_then_resume(tiny_data, tmp_path):
 def test_learns_atoms(tiny_data, tmp_path):
     """Can fail: a broken loss/optimizer/data path would not memorize the 240 atomic facts."""
     out = str(tmp_path / "run")
-    r = run(tiny_train_args(tiny_data, out, "--max_iters=300", "--eval_interval=300", "--n_embd=64",
-                            "--weight_decay=0.0", "--label_smoothing=0.0"))
+    r = run(tiny_train_args(tiny_data, out, "--max_iters=600", "--eval_interval=600", "--n_embd=64",
+                            "--weight_decay=0.0", "--label_smoothing=0.0", "--ema_decay=0"))
     assert r.returncode == 0, r.stderr
     assert metrics(out)[-1]["acc/train_atom"] > 0.9
 
