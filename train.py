@@ -198,7 +198,7 @@ config["vocab_size"] = vocab_size
 # model, optimizer, checkpoint
 model_fields = list(GPTConfig.__dataclass_fields__)
 ckpt_path = os.path.join(out_dir, "ckpt.pt")
-iter_num, ckpt = 0, None
+iter_num, ckpt, elapsed = 0, None, 0.0
 if init_from == "resume":
     try:
         ckpt = load_checkpoint(ckpt_path)
@@ -209,6 +209,7 @@ if init_from == "resume":
     if why:
         die(f"cannot resume from {ckpt_path}: {why}")
     iter_num = ckpt["iter_num"]
+    elapsed = ckpt.get("elapsed", 0.0)  # wall time of the earlier sessions, so "time" reads as one run
 torch.manual_seed(seed)  # same initial weights on every rank (DDP also broadcasts rank 0's)
 try:
     model_args = {k: config[k] for k in model_fields}
@@ -309,7 +310,7 @@ def evaluate():
 def checkpoint_obj():
     obj = {"model": raw_model.state_dict(), "optimizers": [o.state_dict() for o in optimizers],
            "model_args": model_args, "config": config, "data_config": data_config,
-           "iter_num": iter_num, "rng_cpu": torch.get_rng_state()}
+           "iter_num": iter_num, "elapsed": round(time.time() - t_start, 2), "rng_cpu": torch.get_rng_state()}
     if device_type == "cuda":
         obj["rng_cuda"] = torch.cuda.get_rng_state()
     if ema is not None:
@@ -360,7 +361,7 @@ bar = None
 if master:
     from tqdm import tqdm
     bar = tqdm(total=max_iters, initial=iter_num, dynamic_ncols=True, disable=None, mininterval=1.0)
-last, t0, t_start = {}, time.time(), time.time()
+last, t0, t_start = {}, time.time(), time.time() - elapsed
 resumed_at = iter_num if init_from == "resume" else -1  # its evaluation is already in metrics.jsonl
 while True:
     if iter_num % eval_interval == 0 or iter_num >= max_iters or stop_requested:

@@ -2,4 +2,4 @@
 exec(open("config/nl_direct.py").read())
 out_dir = "out/nl_reverse"
 data_dir = "data/nl/reverse"
-prepare_args = "--format=reverse"
+prepare_args = prepare_args.replace("--format=direct", "--format=reverse")
