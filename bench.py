@@ -59,19 +59,27 @@ def saved_bytes(fn, params=()):
     return out, total[0]
 
 
-def step_time(model, x, y, ctx, iters, warmup, device):
-    times = []
+def one_step(model, x, y, ctx, device):
+    sync(device)
+    t = time.perf_counter()
+    with ctx:
+        _, loss = model(x, y)
+    loss.backward()
+    sync(device)
+    model.zero_grad(set_to_none=True)
+    return time.perf_counter() - t
+
+
+def step_times(models, x, y, ctx, iters, warmup, device):
+    """Median step time per model, timed round-robin (one step of each model in turn) so that load
+    from other processes or clock changes hits every model alike and the ratios stay meaningful."""
+    times = {label: [] for label in models}
     for i in range(warmup + iters):
-        sync(device)
-        t = time.perf_counter()
-        with ctx:
-            _, loss = model(x, y)
-        loss.backward()
-        sync(device)
-        if i >= warmup:
-            times.append(time.perf_counter() - t)
-        model.zero_grad(set_to_none=True)
-    return statistics.median(times)
+        for label, m in models.items():
+            dt = one_step(m, x, y, ctx, device)
+            if i >= warmup:
+                times[label].append(dt)
+    return {label: statistics.median(t) for label, t in times.items()}
 
 
 def main(argv):
@@ -95,7 +103,7 @@ def main(argv):
     x = torch.randint(0, c["vocab_size"], (B, T), device=device)
     y = torch.randint(0, c["vocab_size"], (B, T), device=device)
     variants = [("none", 0), ("loop", 0), ("disco", c["disco_topk"]), ("disco", 0), ("ponder", c["disco_topk"])]
-    rows, results = [], {}
+    models, raw = {}, {}
     for rec, k in variants:
         cfg = GPTConfig(block_size=T, vocab_size=c["vocab_size"], n_layer=c["n_layer"], n_head=c["n_head"],
                         n_embd=c["n_embd"], n_hidden=c["n_hidden"], recurrence=rec, n_loop=c["n_loop"],
@@ -103,31 +111,40 @@ def main(argv):
         model = GPT(cfg).to(device)
         name = f"{rec}" + (f" top-{k}" if k else (" exact" if rec in ("disco", "ponder") else ""))
         for compiled in ([False, True] if c["compile"] else [False]):
-            m = torch.compile(model) if compiled else model
             label = name + (" compiled" if compiled else "")
-            if device.startswith("cuda"):
-                torch.cuda.reset_peak_memory_stats()
+            models[label], raw[label] = (torch.compile(model) if compiled else model), model
+    if device.startswith("cuda"):  # on GPU time each model alone so its allocator peak is its own
+        times = {}
+        for label, m in list(models.items()):
+            torch.cuda.reset_peak_memory_stats()
             try:
-                dt = step_time(m, x, y, ctx, c["iters"], c["warmup"], device)
-            except torch.OutOfMemoryError:
-                rows.append((label, "OOM"))
+                times.update(step_times({label: m}, x, y, ctx, c["iters"], c["warmup"], device))
+            except torch.OutOfMemoryError:  # e.g. exact Phi at T = 8192, V = 129,280
+                print(f"{label}: out of memory, left out")
+                del models[label]
+                torch.cuda.empty_cache()
                 continue
-            with ctx:
-                _, sb = saved_bytes(lambda: m(x, y), model.parameters())
-            flops = model.flops_per_token(T) * B * T
-            r = {"step_s": dt, "tok_per_s": B * T / dt, "mfu": flops / dt / peak, "saved_MB": sb / 2**20}
-            if device.startswith("cuda"):
-                r["cuda_peak_MB"] = torch.cuda.max_memory_allocated() / 2**20
-            results[label] = r
-    base = results["loop"]["step_s"]
-    print("| model | step (ms) | vs loop | tokens/s | MFU | saved for backward (MB) |" +
+            raw[label].cuda_peak = torch.cuda.max_memory_allocated()
+    else:
+        times = step_times(models, x, y, ctx, c["iters"], c["warmup"], device)
+    results = {}
+    for label, m in models.items():
+        dt = times[label]
+        with ctx:
+            _, sb = saved_bytes(lambda: m(x, y), raw[label].parameters())
+        flops = raw[label].flops_per_token(T) * B * T
+        results[label] = {"step_s": dt, "tok_per_s": B * T / dt, "mfu": flops / dt / peak, "saved_MB": sb / 2**20,
+                          "flops": flops}
+        if device.startswith("cuda"):
+            results[label]["cuda_peak_MB"] = raw[label].cuda_peak / 2**20
+    base = results["loop"]
+    print("| model | step (ms) | time vs loop | FLOPs vs loop | tokens/s | MFU | saved for backward (MB) |" +
           (" CUDA peak (MB) |" if device.startswith("cuda") else ""))
-    print("|---|---|---|---|---|---|" + ("---|" if device.startswith("cuda") else ""))
+    print("|---|---|---|---|---|---|---|" + ("---|" if device.startswith("cuda") else ""))
     for label, r in results.items():
-        print(f"| {label} | {r['step_s'] * 1e3:.1f} | {r['step_s'] / base:.3f}x | {r['tok_per_s']:.0f} | "
-              f"{r['mfu']:.3f} | {r['saved_MB']:.1f} |" + (f" {r['cuda_peak_MB']:.0f} |" if "cuda_peak_MB" in r else ""))
-    for label, r in rows:
-        print(f"| {label} | {r} |")
+        print(f"| {label} | {r['step_s'] * 1e3:.1f} | {r['step_s'] / base['step_s']:.3f}x | "
+              f"{r['flops'] / base['flops']:.3f}x | {r['tok_per_s']:.0f} | {r['mfu']:.3f} | {r['saved_MB']:.1f} |" +
+              (f" {r['cuda_peak_MB']:.0f} |" if "cuda_peak_MB" in r else ""))
 
     # Phi alone: memory kept for backward as T grows, exact vs top-k (grows with T*V vs T*k)
     print("\nPhi only (one decode-then-encode of a (1, T, d) state):")

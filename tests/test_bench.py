@@ -1,0 +1,23 @@
+"""bench.py runs end to end at a toy shape and reports every variant (figures are not asserted)."""
+import json
+
+from conftest import run
+
+
+def test_bench_reports_every_variant(tmp_path):
+    out = tmp_path / "bench.json"
+    r = run(["bench.py", "--n_layer=1", "--n_embd=32", "--n_head=2", "--block_size=16", "--vocab_size=64",
+             "--batch_size=1", "--n_loop=2", "--disco_topk=8", "--iters=2", "--warmup=1", "--threads=1",
+             f"--json={out}"])
+    assert r.returncode == 0, r.stderr
+    res = json.loads(out.read_text())
+    assert set(res["steps"]) == {"none", "loop", "disco top-8", "disco exact", "ponder top-8"}
+    assert all(v["step_s"] > 0 and v["saved_MB"] > 0 for v in res["steps"].values())
+    assert "| loop | " in r.stdout and "1.000x | 1.000x" in r.stdout   # loop is the reference row
+    # Phi memory: exact keeps (T, V) probabilities, top-k only (T, k)
+    assert all(p["exact_MB"] > p["topk_MB"] for p in res["phi"].values())
+
+
+def test_bench_bad_flag_one_line():
+    r = run(["bench.py", "--n_loop=abc"])
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
