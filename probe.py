@@ -43,12 +43,19 @@ def two_hop_splits(data):
     return [s for s, info in data.meta["splits"].items() if info["hops"] == 2]
 
 
-def bridges(data, split):
-    """True bridge id for each question of a symbolic two-hop split, from the atomic facts."""
+def bridges(data, split, depth=1):
+    """Bridge ids for each question of a symbolic k-hop split, from the atomic facts: depth j gives
+    the entity reached after the first j hops (a -r1-> b1 -r2-> b2 ...), expected at position j."""
     X, Y = data.splits["train_atom"]  # inputs (a, r), target b at position 1
     atoms = {(int(x[0]), int(x[1])): int(y[1]) for x, y in zip(X, Y)}
     Q, _ = data.splits[split]
-    return torch.tensor([atoms[(int(q[0]), int(q[1]))] for q in Q])
+    out = []
+    for q in Q:
+        e = int(q[0])
+        for j in range(1, depth + 1):
+            e = atoms[(e, int(q[j]))]
+        out.append(e)
+    return torch.tensor(out)
 
 
 def table(header, rows):
@@ -69,22 +76,27 @@ def cmd_acc(model, data, n_loops):
 @torch.no_grad()
 def cmd_lens(model, data):
     """Logit lens at the bridge position after loop 1: mean P(b | H1_1), cos(H1_1, W[b]), how often
-    b is the argmax; for DiscoLoop also cos of the injected state H~1_1 with W[b]."""
+    b is the argmax; for DiscoLoop also cos of the injected state H~1_1 with W[b]. On deeper splits
+    (k hops) the same for every bridge j < k: position j after loop j, so one can see where a chain
+    of hand-offs breaks (rows 'split bj')."""
     W = model.transformer.wte.weight
     out = {}
-    for s in two_hop_splits(data):
+    for s, info in data.meta["splits"].items():
+        if info["hops"] < 2:
+            continue
         X, _ = data.splits[s]
-        b = bridges(data, s)
         seen = {}
-        model(X, n_loop=2, hook=lambda k, h, nxt: seen.update({k: (h, nxt)}) if k == 1 else None)
-        h1, h1_next = seen[1][0][:, BRIDGE_POS], seen[1][1][:, BRIDGE_POS]
-        p = model.head(h1).float().softmax(-1)
-        r = {"P(b|H1)": p[torch.arange(len(b)), b].mean().item(),
-             "argmax=b": (p.argmax(-1) == b).float().mean().item(),
-             "cos(H1,W[b])": F.cosine_similarity(h1, W[b], dim=-1).mean().item()}
-        if model.config.recurrence == "disco":
-            r["cos(H~1,W[b])"] = F.cosine_similarity(h1_next, W[b], dim=-1).mean().item()
-        out[s] = r
+        model(X, n_loop=info["hops"], hook=lambda k, h, nxt: seen.update({k: (h, nxt)}))
+        for j in range(1, info["hops"]):
+            b = bridges(data, s, j)
+            h, h_next = seen[j][0][:, j], seen[j][1][:, j]
+            p = model.head(h).float().softmax(-1)
+            r = {"P(b|H1)": p[torch.arange(len(b)), b].mean().item(),
+                 "argmax=b": (p.argmax(-1) == b).float().mean().item(),
+                 "cos(H1,W[b])": F.cosine_similarity(h.float(), W[b].float(), dim=-1).mean().item()}
+            if model.config.recurrence == "disco":
+                r["cos(H~1,W[b])"] = F.cosine_similarity(h_next.float(), W[b].float(), dim=-1).mean().item()
+            out[s if info["hops"] == 2 else f"{s} b{j}"] = r
     cols = list(next(iter(out.values())))
     print(table(["split"] + cols, [[s] + [r[c] for c in cols] for s, r in out.items()]))
     return out

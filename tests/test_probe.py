@@ -87,3 +87,18 @@ def test_truncated_checkpoint_refused(tiny_ckpts, tmp_path):
     bad.write_bytes(open(os.path.join(tiny_ckpts["loop"], "ckpt.pt"), "rb").read()[:500])
     r = run(["probe.py", "lens", f"--ckpt={bad}"])
     assert r.returncode == 2 and "not a readable checkpoint" in r.stderr
+
+
+def test_bridge_chain_follows_the_atoms(tiny_data):
+    """bridges(split, j) walks j atomic facts; walking all hops of a question must give its answer."""
+    import sys
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from probe import bridges
+    from tasks import QAData
+    data = QAData(tiny_data)
+    for s, info in data.meta["splits"].items():
+        if info["hops"] >= 2:
+            X, Y = data.splits[s]
+            answers = Y[Y != -1]
+            assert (bridges(data, s, info["hops"]) == answers).all(), s
+            assert (bridges(data, s, 1) != answers).any(), s   # depth 1 is the bridge, not the answer
