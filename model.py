@@ -118,6 +118,33 @@ def upcast(x):
     return x.to(torch.promote_types(x.dtype, torch.float32))
 
 
+class TopkLogits(torch.autograd.Function):
+    """The k selected logits vals[n, j] = <x[n], W[idx[n, j]]> of a top-k decode, with a sparse
+    backward. The full logits are computed without autograd (they are only needed to pick idx); top-k
+    passes gradient to the k selected logits alone, so dx[n] = sum_j g[n, j] W[idx[n, j]] and
+    dW[idx[n, j]] += g[n, j] x[n] -- both embedding_bag kernels, O(N k d) -- replace the dense logits
+    backward, O(N V d): the same gradient for about a third of Phi_k's head FLOPs."""
+
+    @staticmethod
+    def forward(ctx, x, W, idx, vals):
+        ctx.save_for_backward(x, W, idx)
+        return vals.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        x, W, idx = ctx.saved_tensors
+        flat_idx, flat_g = idx.reshape(-1, idx.size(-1)), g.reshape(-1, idx.size(-1)).to(W.dtype)
+        gx = gW = None
+        if ctx.needs_input_grad[0]:
+            gx = F.embedding_bag(flat_idx, W, per_sample_weights=flat_g, mode="sum").view(x.shape).to(x.dtype)
+        if ctx.needs_input_grad[1]:  # embedding_bag's weight gradient is exactly this scatter-add
+            with torch.enable_grad():
+                Wl = W.detach().requires_grad_()
+                bag = F.embedding_bag(flat_idx, Wl, per_sample_weights=flat_g, mode="sum")
+                gW, = torch.autograd.grad(bag, Wl, grad_outputs=x.reshape(-1, x.size(-1)).to(W.dtype))
+        return gx, gW, None, None
+
+
 def apply_rope(x, cos, sin):
     # x: (B, nh, T, hs); rotate the two halves of each head (GPT-NeoX / Llama convention)
     x1, x2 = upcast(x).chunk(2, dim=-1)
@@ -238,20 +265,23 @@ class GPT(nn.Module):
         """Decode-then-encode Phi(h) = softmax(head(h)/tau) @ W, exact or top-k (Appendix B).
         The top-k path keeps only (B, T, k) probabilities for backward (embedding_bag sums the k
         embedding rows without gathering a (B, T, k, d) tensor); the (B, chunk, V) logits of each
-        chunk are transient, since topk's and matmul's backward do not need them."""
+        chunk are computed without autograd and are transient, and TopkLogits backpropagates
+        through the k selected logits only."""
         cfg = self.config
         W = self.transformer.wte.weight
         x = self.transformer.ln_f(h)
         chunk = cfg.disco_chunk or x.size(1)
         out = []
         for xs in x.split(chunk, dim=1):
-            logits = F.linear(xs, W)  # activation dtype; only what softmax needs gets upcast
             if cfg.disco_topk:  # top-k commutes with the positive 1/tau scale: select first, scale k values
-                vals, idx = logits.topk(cfg.disco_topk, dim=-1)
+                with torch.no_grad():
+                    vals, idx = F.linear(xs, W).topk(cfg.disco_topk, dim=-1)
+                vals = TopkLogits.apply(xs, W, idx, vals) if torch.is_grad_enabled() else vals
                 p = F.softmax(upcast(vals) / cfg.disco_tau, dim=-1)
                 e = F.embedding_bag(idx.flatten(0, 1), W, per_sample_weights=p.flatten(0, 1).to(W.dtype),
                                     mode="sum").view(*xs.shape[:2], -1)
             else:
+                logits = F.linear(xs, W)  # activation dtype; only what softmax needs gets upcast
                 scaled = logits / cfg.disco_tau if cfg.disco_tau != 1 else logits
                 e = F.softmax(scaled, dim=-1, dtype=upcast(logits).dtype) @ W
             out.append(e.to(h.dtype))
@@ -323,7 +353,8 @@ class GPT(nn.Module):
         passes = cfg.n_loop if cfg.recurrence != "none" else 1
         L = cfg.n_layer * cfg.n_loop
         head = cfg.vocab_size * cfg.n_embd
-        extra = 0  # Phi: head matmul + mixing matmul per injection (k instead of V with top-k)
-        if cfg.recurrence in ("disco", "ponder"):
-            extra = (cfg.n_loop - 1) * (head + (cfg.disco_topk or cfg.vocab_size) * cfg.n_embd)
-        return 6 * (n_block_params * passes + head + extra) + 12 * L * cfg.n_embd * T
+        extra = 0  # Phi per injection: exact = head and mixing matmuls, forward and backward (2 x 6dV);
+        if cfg.recurrence in ("disco", "ponder"):  # top-k = a forward-only head (2dV, TopkLogits) + O(kd)
+            k = cfg.disco_topk
+            extra = (cfg.n_loop - 1) * (2 * head + 12 * k * cfg.n_embd if k else 12 * head)
+        return 6 * (n_block_params * passes + head) + extra + 12 * L * cfg.n_embd * T
