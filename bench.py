@@ -8,8 +8,8 @@ here is asserted by tests.
     python bench.py --compile=True           # also time torch.compile
 
 Memory: bytes that autograd keeps for backward (counted with saved_tensors_hooks, the same on
-every device), and on CUDA the allocator's peak during a step above the resident weights. The Phi table isolates Phi: exact keeps
-(B, T, V) probabilities, top-k keeps (B, T, k).
+every device), and on CUDA the allocator's peak during a step above the resident weights. The Phi
+table isolates Phi: exact keeps (B, T, V) probabilities, top-k keeps (B, T, k).
 """
 import json
 import statistics
