@@ -6,6 +6,7 @@ here is asserted by tests.
     python bench.py                          # CPU-sized pretraining-like shape
     python bench.py --n_embd=1024 --n_layer=24 --n_head=16 --block_size=8192 --vocab_size=129280 --batch_size=1   # GPU
     python bench.py --compile=True           # also time torch.compile
+    python bench.py --variants=loop,disco    # only these (all are built at once: at 440M on CPU, RAM decides)
 
 Memory: bytes that autograd keeps for backward (counted with saved_tensors_hooks, the same on
 every device), and on CUDA the allocator's peak during a step above the resident weights. The Phi
@@ -23,7 +24,9 @@ from model import GPT, GPTConfig
 
 DEFAULTS = dict(n_layer=4, n_head=4, n_embd=256, n_hidden=0, block_size=512, vocab_size=32768, batch_size=2,
                 n_loop=4, disco_topk=128, disco_chunk=0, device="auto", dtype="auto", compile=False, iters=5,
-                warmup=2, threads=0, json="")
+                warmup=2, threads=0, json="", variants="none,loop,disco,disco_exact,ponder")
+VARIANTS = {"none": ("none", False), "loop": ("loop", False), "disco": ("disco", True), "disco_exact": ("disco", False),
+            "ponder": ("ponder", True)}  # name -> (recurrence, top-k Phi?)
 
 
 def matmul_peak(device, dtype, n=2048, reps=10):
@@ -85,6 +88,10 @@ def step_times(models, x, y, ctx, iters, warmup, device):
 def main(argv):
     try:
         c = configure(DEFAULTS, argv)
+        names = c["variants"].split(",")
+        bad = [v for v in names if v not in VARIANTS]
+        if bad or "loop" not in names:  # the vanilla loop is the reference row
+            raise ConfigError(f"variants={c['variants']!r} is invalid: a comma list of {list(VARIANTS)} including loop")
     except ConfigError as e:
         die(e)
     if c["threads"]:
@@ -102,7 +109,7 @@ def main(argv):
     torch.manual_seed(0)
     x = torch.randint(0, c["vocab_size"], (B, T), device=device)
     y = torch.randint(0, c["vocab_size"], (B, T), device=device)
-    variants = [("none", 0), ("loop", 0), ("disco", c["disco_topk"]), ("disco", 0), ("ponder", c["disco_topk"])]
+    variants = [(VARIANTS[v][0], c["disco_topk"] if VARIANTS[v][1] else 0) for v in names]
     models, raw = {}, {}
     for rec, k in variants:
         cfg = GPTConfig(block_size=T, vocab_size=c["vocab_size"], n_layer=c["n_layer"], n_head=c["n_head"],

@@ -21,3 +21,5 @@ def test_bench_reports_every_variant(tmp_path):
 def test_bench_bad_flag_one_line():
     r = run(["bench.py", "--n_loop=abc"])
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
+    r = run(["bench.py", "--variants=loop,disko"])
+    assert r.returncode == 2 and "variants='loop,disko'" in r.stderr and len(r.stderr.strip().splitlines()) == 1

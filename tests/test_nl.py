@@ -15,20 +15,33 @@ spec.loader.exec_module(nl)
 SMALL = ["--n_entities=40", "--n_relations=8", "--out_degree=4", "--n_train=300", "--n_test=60"]
 
 
-@pytest.mark.parametrize("fmt", ["direct", "reverse"])
-def test_round_trip_and_graph(tmp_path, fmt):
+def word_encoding(n_words=150):
+    """A local BPE in which the first census names and the relation nouns are single tokens, both
+    after a space and (names) sentence-initially: every prefix of each form is a merge, so BPE
+    walks up to the whole word. Stands in for GPT-2 in tests (no download)."""
+    import tiktoken
+    names = [w.strip() for w in open(nl.NAMES_FILE) if w.strip() and not w.startswith("#")][:n_words]
+    ranks = {bytes([i]): i for i in range(256)}
+    for w in [" " + n for n in names] + names + [" " + r for r in nl.RELATIONS]:
+        for j in range(2, len(w) + 1):
+            ranks.setdefault(w[:j].encode(), len(ranks))
+    return tiktoken.Encoding("words", pat_str=nl.tok.GPT2_PAT, mergeable_ranks=ranks, special_tokens={})
+
+
+@pytest.mark.parametrize("fmt,source", [("direct", "census_strict"), ("reverse", "census"), ("direct", "syllable")])
+def test_round_trip_and_graph(tmp_path, fmt, source):
     from configurator import configure
     out = str(tmp_path / fmt)
-    c = configure(nl.DEFAULTS, [f"--out_dir={out}", f"--format={fmt}", "--encoding=bytes", "--max_hops=3",
+    c = configure(nl.DEFAULTS, [f"--out_dir={out}", f"--format={fmt}", f"--names={source}", "--max_hops=3",
                                 "--eval_hops=4"] + SMALL)
-    enc = nl.tok.byte_encoding()
+    enc = nl.tok.byte_encoding() if source == "syllable" else word_encoding()
     nl.prepare(c, enc)
     meta = json.load(open(os.path.join(out, "meta.json")))
     splits, _, graphs = nl.sym.build(c)  # the symbolic examples behind every sentence
     name, rel = meta["names"], meta["relation_words"]
     assert len(set(name.values())) == len(name)
-    names = sorted(name.values())
-    assert not any(b.startswith(a) for a, b in zip(names, names[1:])), "a name is a prefix of another"
+    answers = sorted(tuple(enc.encode_ordinary(" " + n)) for n in name.values())  # prefixes sort adjacent
+    assert not any(b[:len(a)] == a for a, b in zip(answers, answers[1:])), "an answer is a prefix of another"
     for s, info in meta["splits"].items():
         lines = open(os.path.join(out, info["file"])).read().splitlines()
         texts = [json.loads(line) for line in open(os.path.join(out, f"{s}.text.jsonl"))]
@@ -48,6 +61,19 @@ def test_round_trip_and_graph(tmp_path, fmt):
     q = json.loads(open(os.path.join(out, "test_id.text.jsonl")).readline())["question"]
     assert (q.startswith("Who is the ") and q.endswith("?\nAnswer:")) if fmt == "reverse" else q.endswith(" is")
     assert set(meta["token_kinds"].values()) <= {"entity", "relation", "filler"}
+    if source != "syllable":  # one-token answers; census_strict: one layout per split
+        for s, info in meta["splits"].items():
+            rows = [line.split("\t") for line in open(os.path.join(out, info["file"]))]
+            assert all(len(a.split()) == 1 for _, a in rows)
+            if source == "census_strict":
+                assert len({len(q.split()) for q, _ in rows}) == 1, s
+
+
+def test_census_needs_one_token_names(tmp_path):
+    r = run(["data/nl/prepare.py", f"--out_dir={tmp_path}/x", "--encoding=bytes", "--names=census"] + SMALL)
+    assert r.returncode == 2 and "are one 'bytes' token" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    r = run(["data/nl/prepare.py", f"--out_dir={tmp_path}/y", "--encoding=bytes", "--names=nicknames"] + SMALL)
+    assert r.returncode == 2 and "names='nicknames'" in r.stderr
 
 
 def test_bad_format(tmp_path):
@@ -66,12 +92,13 @@ def test_trains_on_nl(tmp_path):
     """QAData reads multi-token answers; a short run writes metrics for every split."""
     data = str(tmp_path / "d")
     from configurator import configure
-    nl.prepare(configure(nl.DEFAULTS, [f"--out_dir={data}", "--encoding=bytes"] + SMALL), nl.tok.byte_encoding())
+    nl.prepare(configure(nl.DEFAULTS, [f"--out_dir={data}", "--encoding=bytes", "--names=syllable"] + SMALL),
+               nl.tok.byte_encoding())
     out = str(tmp_path / "run")
     r = run(["train.py", "config/nl_direct.py", f"--data_dir={data}", f"--out_dir={out}", "--max_iters=20",
              "--eval_interval=10", "--n_embd=32", "--n_head=2", "--batch_size=64", "--threads=1", "--dtype=float32",
              "--block_size=96",
-             f"--prepare_args=--encoding=bytes {' '.join(SMALL)}"])
+             f"--prepare_args=--encoding=bytes --names=syllable {' '.join(SMALL)}"])
     assert r.returncode == 0, r.stderr
     last = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))][-1]
     assert "acc/test_ood" in last and "acc1/train_id" in last

@@ -40,14 +40,21 @@ sym = _load("prepare_symbolic", "data/symbolic/prepare.py")  # the graph code, r
 tok = _load("prepare_pretrain", "data/pretrain/prepare.py")    # tiktoken loading, reused
 
 DEFAULTS = {**sym.DEFAULTS, "out_dir": os.path.join(REPO, "data", "nl", "direct"), "format": "direct",
-            "encoding": "gpt2", "tiktoken_file": ""}
-GENERATOR_KEYS = sym.GENERATOR_KEYS + ["format", "encoding"]
+            "names": "census", "encoding": "gpt2", "tiktoken_file": ""}
+GENERATOR_KEYS = sym.GENERATOR_KEYS + ["format", "names", "encoding"]
 FORMATS = ("direct", "reverse")
+# census: real first names and surnames (US Census 1990 lists, public domain; names.txt, most common
+#   first) that are ONE token after a space, so every answer and injected bridge is a single token
+#   (a subject at the start of a sentence may still take two or more).
+# census_strict: one token in both places, so every sentence of a split has the same token layout.
+# syllable: generated names of 1-6 tokens. The README measures which of these train.
+NAME_SOURCES = ("census", "census_strict", "syllable")
+NAMES_FILE = os.path.join(REPO, "data", "nl", "names.txt")
 
 RELATIONS = """teacher wife husband mother father sister brother friend boss neighbor doctor dentist lawyer
 coach mentor student partner cousin uncle aunt nephew niece son daughter grandmother grandfather roommate
-landlord tenant assistant manager colleague classmate tutor therapist accountant barber editor agent trainer
-rival bodyguard chef driver secretary advisor sponsor pharmacist banker employer""".split()
+landlord tenant assistant manager colleague classmate tutor therapist accountant surgeon editor agent trainer
+rival supervisor chef driver secretary advisor sponsor nurse banker employer""".split()
 
 ONSETS = ["B", "C", "D", "F", "G", "H", "J", "K", "L", "M", "N", "P", "R", "S", "T", "V", "W", "Z", "Br", "Ch",
           "Cl", "Dr", "El", "Fl", "Gr", "Kr", "Pr", "St", "Tr", "Sh", "Th", "Al", "An", "Ar", "Ed", "Em", "Is", "Or"]
@@ -71,6 +78,21 @@ def make_names(n, seed):
     return keep[:n]
 
 
+def census_names(n, seed, enc, strict):
+    """The n most common census names that are one token after a space (and sentence-initially
+    if strict), in a seeded random order. "Ann" and "Anna" may both occur: as answers they are two
+    distinct single tokens, so neither answer is a prefix of the other (what exact match needs)."""
+    with open(NAMES_FILE) as f:
+        names = [w.strip() for w in f if w.strip() and not w.startswith("#")]
+    one = [w for w in names if len(enc.encode_ordinary(" " + w)) == 1 and (not strict or len(enc.encode_ordinary(w)) == 1)]
+    if len(one) < n:
+        raise ConfigError(f"only {len(one)} names in {os.path.relpath(NAMES_FILE, REPO)} are one '{enc.name}' token, "
+                          f"{n} needed (n_entities={n // 2} per graph): use a smaller graph or --names=syllable")
+    keep = one[:n]
+    np.random.default_rng([seed, 7]).shuffle(keep)
+    return keep
+
+
 def verbalize(ex, fmt, name, rel):
     """(question, answer) strings of one symbolic example (entity, relations..., answer)."""
     a, rels, ans = name[ex[0]], [rel[r] for r in ex[1:-1]], " " + name[ex[-1]]
@@ -83,11 +105,17 @@ def verbalize(ex, fmt, name, rel):
 def build(c, enc):
     if c["format"] not in FORMATS:
         raise ConfigError(f"format={c['format']!r} is invalid: allowed {FORMATS}")
+    if c["names"] not in NAME_SOURCES:
+        raise ConfigError(f"names={c['names']!r} is invalid: allowed {NAME_SOURCES}")
     if c["n_relations"] > len(RELATIONS):
         raise ConfigError(f"n_relations={c['n_relations']} exceeds the {len(RELATIONS)} relation nouns")
     splits, meta, _ = sym.build(c)
     ents = meta["entities"]["A"] + meta["entities"]["B"]
-    name = dict(zip(ents, make_names(len(ents), c["seed"])))
+    if c["names"] == "syllable":
+        names = make_names(len(ents), c["seed"])
+    else:
+        names = census_names(len(ents), c["seed"], enc, strict=c["names"] == "census_strict")
+    name = dict(zip(ents, names))
     rel = dict(zip(meta["relations"], RELATIONS))
     texts = {s: [verbalize(ex, c["format"], name, rel) for ex in exs] for s, exs in splits.items()}
     encoded = {s: [(enc.encode_ordinary(q), enc.encode_ordinary(a)) for q, a in pairs] for s, pairs in texts.items()}
