@@ -118,31 +118,50 @@ def upcast(x):
     return x.to(torch.promote_types(x.dtype, torch.float32))
 
 
-class TopkLogits(torch.autograd.Function):
-    """The k selected logits vals[n, j] = <x[n], W[idx[n, j]]> of a top-k decode, with a sparse
-    backward. The full logits are computed without autograd (they are only needed to pick idx); top-k
-    passes gradient to the k selected logits alone, so dx[n] = sum_j g[n, j] W[idx[n, j]] and
-    dW[idx[n, j]] += g[n, j] x[n] -- both embedding_bag kernels, O(N k d) -- replace the dense logits
-    backward, O(N V d): the same gradient for about a third of Phi_k's head FLOPs."""
+class TopkPhi(torch.autograd.Function):
+    """Phi_k(x) = sum_j p[n, j] W[idx[n, j]], p = softmax(top-k logits / tau) (Appendix B), with a
+    backward that never touches the V - k unselected logits. Forward decodes `chunk` positions at a
+    time without autograd (the (B, chunk, V) logits are transient) and keeps only idx and p, (B, T, k).
+    Backward, with g = dL/dPhi: dp = <g, W[idx]>, dlogit = p * (dp - <p, dp>) / tau on the k selected
+    logits (top-k passes no gradient to the rest), dx = sum_j dlogit W[idx], and the embedding gradient
+    dW[idx[n, j]] += dlogit[n, j] x[n] + p[n, j] g[n] -- all embedding_bag kernels, O(N k d) instead of the
+    dense O(N V d) logits backward. Both terms of dW go into ONE (V, d) buffer per call, however many
+    chunks: allocating and adding V x d gradients is what a small step pays most for (bench.py)."""
 
     @staticmethod
-    def forward(ctx, x, W, idx, vals):
-        ctx.save_for_backward(x, W, idx)
-        return vals.clone()
+    def forward(ctx, x, W, k, tau, chunk):
+        idx, p = [], []
+        for xs in x.split(chunk, dim=1):
+            vals, i = F.linear(xs, W).topk(k, dim=-1)  # top-k commutes with the positive 1/tau scale
+            idx.append(i)
+            p.append(F.softmax(upcast(vals) / tau, dim=-1))
+        idx, p = torch.cat(idx, dim=1), torch.cat(p, dim=1)
+        e = F.embedding_bag(idx.flatten(0, 1), W, per_sample_weights=p.flatten(0, 1).to(W.dtype), mode="sum")
+        ctx.save_for_backward(x, W, idx, p)
+        ctx.tau = tau
+        return e.view(*x.shape[:2], -1)
 
     @staticmethod
     def backward(ctx, g):
-        x, W, idx = ctx.saved_tensors
-        flat_idx, flat_g = idx.reshape(-1, idx.size(-1)), g.reshape(-1, idx.size(-1)).to(W.dtype)
+        x, W, idx, p = ctx.saved_tensors
+        k, d = idx.size(-1), W.size(1)
+        idx, p = idx.reshape(-1, k), p.reshape(-1, k)
+        g, xf = g.reshape(-1, d).to(W.dtype), x.reshape(-1, d).to(W.dtype)
+        with torch.enable_grad():  # dp = <g, W[idx]>: embedding_bag's per-sample-weight gradient
+            ps = p.to(W.dtype).requires_grad_()
+            dp, = torch.autograd.grad(F.embedding_bag(idx, W.detach(), per_sample_weights=ps, mode="sum"), ps,
+                                      grad_outputs=g)
+        dlogit = p * (dp - (p * dp).sum(-1, keepdim=True)) / ctx.tau
         gx = gW = None
         if ctx.needs_input_grad[0]:
-            gx = F.embedding_bag(flat_idx, W, per_sample_weights=flat_g, mode="sum").view(x.shape).to(x.dtype)
-        if ctx.needs_input_grad[1]:  # embedding_bag's weight gradient is exactly this scatter-add
+            gx = F.embedding_bag(idx, W, per_sample_weights=dlogit.to(W.dtype), mode="sum").view(x.shape).to(x.dtype)
+        if ctx.needs_input_grad[1]:  # embedding_bag's weight gradient is this scatter-add; 2N bags, one buffer
             with torch.enable_grad():
                 Wl = W.detach().requires_grad_()
-                bag = F.embedding_bag(flat_idx, Wl, per_sample_weights=flat_g, mode="sum")
-                gW, = torch.autograd.grad(bag, Wl, grad_outputs=x.reshape(-1, x.size(-1)).to(W.dtype))
-        return gx, gW, None, None
+                bag = F.embedding_bag(torch.cat([idx, idx]), Wl, per_sample_weights=torch.cat([dlogit, p]).to(W.dtype),
+                                      mode="sum")
+                gW, = torch.autograd.grad(bag, Wl, grad_outputs=torch.cat([xf, g]))
+        return gx, gW, None, None, None
 
 
 def apply_rope(x, cos, sin):
@@ -262,29 +281,20 @@ class GPT(nn.Module):
         return x
 
     def phi(self, h):
-        """Decode-then-encode Phi(h) = softmax(head(h)/tau) @ W, exact or top-k (Appendix B).
-        The top-k path keeps only (B, T, k) probabilities for backward (embedding_bag sums the k
-        embedding rows without gathering a (B, T, k, d) tensor); the (B, chunk, V) logits of each
-        chunk are computed without autograd and are transient, and TopkLogits backpropagates
-        through the k selected logits only."""
+        """Decode-then-encode Phi(h) = softmax(head(h)/tau) @ W, exact or top-k (Appendix B; TopkPhi).
+        Exact Phi decodes `disco_chunk` positions at a time; its (B, chunk, V) probabilities are kept
+        for backward, which is what top-k avoids."""
         cfg = self.config
         W = self.transformer.wte.weight
         x = self.transformer.ln_f(h)
         chunk = cfg.disco_chunk or x.size(1)
+        if cfg.disco_topk:
+            return TopkPhi.apply(x, W, cfg.disco_topk, cfg.disco_tau, chunk).to(h.dtype)
         out = []
         for xs in x.split(chunk, dim=1):
-            if cfg.disco_topk:  # top-k commutes with the positive 1/tau scale: select first, scale k values
-                with torch.no_grad():
-                    vals, idx = F.linear(xs, W).topk(cfg.disco_topk, dim=-1)
-                vals = TopkLogits.apply(xs, W, idx, vals) if torch.is_grad_enabled() else vals
-                p = F.softmax(upcast(vals) / cfg.disco_tau, dim=-1)
-                e = F.embedding_bag(idx.flatten(0, 1), W, per_sample_weights=p.flatten(0, 1).to(W.dtype),
-                                    mode="sum").view(*xs.shape[:2], -1)
-            else:
-                logits = F.linear(xs, W)  # activation dtype; only what softmax needs gets upcast
-                scaled = logits / cfg.disco_tau if cfg.disco_tau != 1 else logits
-                e = F.softmax(scaled, dim=-1, dtype=upcast(logits).dtype) @ W
-            out.append(e.to(h.dtype))
+            logits = F.linear(xs, W)  # activation dtype; only what softmax needs gets upcast
+            scaled = logits / cfg.disco_tau if cfg.disco_tau != 1 else logits
+            out.append((F.softmax(scaled, dim=-1, dtype=upcast(logits).dtype) @ W).to(h.dtype))
         return torch.cat(out, dim=1)
 
     def inject(self, h):
@@ -354,7 +364,7 @@ class GPT(nn.Module):
         L = cfg.n_layer * cfg.n_loop
         head = cfg.vocab_size * cfg.n_embd
         extra = 0  # Phi per injection: exact = head and mixing matmuls, forward and backward (2 x 6dV);
-        if cfg.recurrence in ("disco", "ponder"):  # top-k = a forward-only head (2dV, TopkLogits) + O(kd)
+        if cfg.recurrence in ("disco", "ponder"):  # top-k = a forward-only head (2dV, TopkPhi) + O(kd)
             k = cfg.disco_topk
             extra = (cfg.n_loop - 1) * (2 * head + 12 * k * cfg.n_embd if k else 12 * head)
         return 6 * (n_block_params * passes + head) + extra + 12 * L * cfg.n_embd * T

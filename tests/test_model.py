@@ -92,7 +92,7 @@ def test_matches_hand_recurrence(recurrence, kw, K, pos_emb):
                                            ("disco", {"disco_topk": 4, "disco_gate": "learned", "disco_tau": 0.7}),
                                            ("ponder", {"disco_topk": 4})])
 def test_topk_sparse_backward_matches_dense(recurrence, kw):
-    """TopkLogits' O(k) backward gives the gradient of the dense reference (masked softmax over all V)."""
+    """TopkPhi's O(k) backward gives the gradient of the dense reference (masked softmax over all V)."""
     model = make(recurrence, 3, **kw)
     idx = torch.randint(0, 37, (3, 9))
     w = torch.randn(3, 9, 37, dtype=torch.double)  # a generic loss: every logit gets some gradient

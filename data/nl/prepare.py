@@ -40,7 +40,7 @@ sym = _load("prepare_symbolic", "data/symbolic/prepare.py")  # the graph code, r
 tok = _load("prepare_pretrain", "data/pretrain/prepare.py")    # tiktoken loading, reused
 
 DEFAULTS = {**sym.DEFAULTS, "out_dir": os.path.join(REPO, "data", "nl", "direct"), "format": "direct",
-            "names": "census", "encoding": "gpt2", "tiktoken_file": ""}
+            "names": "census_strict", "encoding": "gpt2", "tiktoken_file": ""}
 GENERATOR_KEYS = sym.GENERATOR_KEYS + ["format", "names", "encoding"]
 FORMATS = ("direct", "reverse")
 # census: real first names and surnames (US Census 1990 lists, public domain; names.txt, most common
