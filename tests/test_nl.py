@@ -28,12 +28,13 @@ def word_encoding(n_words=150):
     return tiktoken.Encoding("words", pat_str=nl.tok.GPT2_PAT, mergeable_ranks=ranks, special_tokens={})
 
 
-@pytest.mark.parametrize("fmt,source", [("direct", "census_strict"), ("reverse", "census"), ("direct", "syllable")])
-def test_round_trip_and_graph(tmp_path, fmt, source):
+@pytest.mark.parametrize("fmt,source,lead", [("direct", "census", True), ("reverse", "census", True),
+                                             ("direct", "census_strict", False), ("reverse", "syllable", False)])
+def test_round_trip_and_graph(tmp_path, fmt, source, lead):
     from configurator import configure
     out = str(tmp_path / fmt)
-    c = configure(nl.DEFAULTS, [f"--out_dir={out}", f"--format={fmt}", f"--names={source}", "--max_hops=3",
-                                "--eval_hops=4"] + SMALL)
+    c = configure(nl.DEFAULTS, [f"--out_dir={out}", f"--format={fmt}", f"--names={source}", f"--leading_space={lead}",
+                                "--max_hops=3", "--eval_hops=4"] + SMALL)
     enc = nl.tok.byte_encoding() if source == "syllable" else word_encoding()
     nl.prepare(c, enc)
     meta = json.load(open(os.path.join(out, "meta.json")))
@@ -51,21 +52,24 @@ def test_round_trip_and_graph(tmp_path, fmt, source):
             ids = [meta["bpe_ids"][meta["vocab"].index(t)] for t in q.split()]
             ans = [meta["bpe_ids"][meta["vocab"].index(t)] for t in a.split()]
             assert enc.decode(ids) == text["question"] and enc.decode(ans) == text["answer"]
-            assert (text["question"], text["answer"]) == nl.verbalize(ex, fmt, name, rel)
+            assert (text["question"], text["answer"]) == nl.verbalize(ex, fmt, name, rel, " " if lead else "")
             assert text["answer"] == " " + name[ex[-1]]
+            if lead and source != "syllable" and fmt == "direct":  # the subject is the same token as an answer
+                assert ids[0] == enc.encode_ordinary(" " + name[ex[0]])[0]
             g = graphs["A" if ex[0] in graphs["A"] else "B"]
             e = ex[0]
             for r in ex[1:-1]:
                 e = g[e][int(r[1:])]  # relation token "r12" is relation 12
             assert e == ex[-1]
     q = json.loads(open(os.path.join(out, "test_id.text.jsonl")).readline())["question"]
-    assert (q.startswith("Who is the ") and q.endswith("?\nAnswer:")) if fmt == "reverse" else q.endswith(" is")
+    assert q.startswith(" ") == lead
+    assert (q.strip().startswith("Who is the ") and q.endswith("?\nAnswer:")) if fmt == "reverse" else q.endswith(" is")
     assert set(meta["token_kinds"].values()) <= {"entity", "relation", "filler"}
-    if source != "syllable":  # one-token answers; census_strict: one layout per split
+    if source != "syllable":  # one-token answers; one token layout per split when names are one token everywhere
         for s, info in meta["splits"].items():
             rows = [line.split("\t") for line in open(os.path.join(out, info["file"]))]
             assert all(len(a.split()) == 1 for _, a in rows)
-            if source == "census_strict":
+            if source == "census_strict" or lead:
                 assert len({len(q.split()) for q, _ in rows}) == 1, s
 
 

@@ -40,14 +40,18 @@ sym = _load("prepare_symbolic", "data/symbolic/prepare.py")  # the graph code, r
 tok = _load("prepare_pretrain", "data/pretrain/prepare.py")    # tiktoken loading, reused
 
 DEFAULTS = {**sym.DEFAULTS, "out_dir": os.path.join(REPO, "data", "nl", "direct"), "format": "direct",
-            "names": "census_strict", "encoding": "gpt2", "tiktoken_file": ""}
-GENERATOR_KEYS = sym.GENERATOR_KEYS + ["format", "names", "encoding"]
+            "names": "census", "leading_space": True, "encoding": "gpt2", "tiktoken_file": ""}
+GENERATOR_KEYS = sym.GENERATOR_KEYS + ["format", "names", "leading_space", "encoding"]
 FORMATS = ("direct", "reverse")
 # census: real first names and surnames (US Census 1990 lists, public domain; names.txt, most common
 #   first) that are ONE token after a space, so every answer and injected bridge is a single token
 #   (a subject at the start of a sentence may still take two or more).
-# census_strict: one token in both places, so every sentence of a split has the same token layout.
+# census_strict: one token in both places (what a sentence-initial name needs without leading_space).
 # syllable: generated names of 1-6 tokens. The README measures which of these train.
+# leading_space: every sentence starts with a space (as SentencePiece tokenizers, e.g. Llama's and
+#   DeepSeek's, add one), so a name is the SAME token as subject and as answer. GPT-2 BPE otherwise
+#   splits "Kit's" and " Kit" into different tokens, and the OOD graph's bridges -- seen as answers
+#   only -- are never linked to the facts stored under their subject token (README: OOD stays 0).
 NAME_SOURCES = ("census", "census_strict", "syllable")
 NAMES_FILE = os.path.join(REPO, "data", "nl", "names.txt")
 
@@ -93,13 +97,14 @@ def census_names(n, seed, enc, strict):
     return keep
 
 
-def verbalize(ex, fmt, name, rel):
-    """(question, answer) strings of one symbolic example (entity, relations..., answer)."""
+def verbalize(ex, fmt, name, rel, lead=" "):
+    """(question, answer) strings of one symbolic example (entity, relations..., answer); `lead`
+    starts the question (" " with leading_space, else "")."""
     a, rels, ans = name[ex[0]], [rel[r] for r in ex[1:-1]], " " + name[ex[-1]]
     if len(rels) == 1 or fmt == "direct":  # atoms always read "X's r is"
-        return f"{a}'s " + "'s ".join(rels) + " is", ans
+        return f"{lead}{a}'s " + "'s ".join(rels) + " is", ans
     chain = " of the ".join(reversed(rels))  # (a, r1, r2) -> the r2 of the r1 of a
-    return f"Who is the {chain} of {a}?\nAnswer:", ans
+    return f"{lead}Who is the {chain} of {a}?\nAnswer:", ans
 
 
 def build(c, enc):
@@ -117,7 +122,8 @@ def build(c, enc):
         names = census_names(len(ents), c["seed"], enc, strict=c["names"] == "census_strict")
     name = dict(zip(ents, names))
     rel = dict(zip(meta["relations"], RELATIONS))
-    texts = {s: [verbalize(ex, c["format"], name, rel) for ex in exs] for s, exs in splits.items()}
+    lead = " " if c["leading_space"] else ""
+    texts = {s: [verbalize(ex, c["format"], name, rel, lead) for ex in exs] for s, exs in splits.items()}
     encoded = {s: [(enc.encode_ordinary(q), enc.encode_ordinary(a)) for q, a in pairs] for s, pairs in texts.items()}
     bpe_ids = sorted({t for pairs in encoded.values() for q, a in pairs for t in q + a})
     compact = {t: i for i, t in enumerate(bpe_ids)}
