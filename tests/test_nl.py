@@ -20,7 +20,7 @@ def word_encoding(n_words=150):
     after a space and (names) sentence-initially: every prefix of each form is a merge, so BPE
     walks up to the whole word. Stands in for GPT-2 in tests (no download)."""
     import tiktoken
-    names = [w.strip() for w in open(nl.NAMES_FILE) if w.strip() and not w.startswith("#")][:n_words]
+    names = nl.read_names()[:n_words]
     ranks = {bytes([i]): i for i in range(256)}
     for w in [" " + n for n in names] + names + [" " + r for r in nl.RELATIONS]:
         for j in range(2, len(w) + 1):

@@ -2,16 +2,18 @@
 The synthetic natural-language two-hop task (paper Sec. 5.2): the symbolic two-graph data
 (data/symbolic/prepare.py builds the graphs and splits) verbalized in English,
 
-    atom     Finley's teacher is Anya
-    direct   Finley's teacher's wife is Charlie
-    reverse  Who is the wife of the teacher of Finley?\nAnswer: Charlie
+    atom     " Finley's teacher is" -> " Anya"
+    direct   " Finley's teacher's wife is" -> " Charlie"
+    reverse  " Who is the wife of the teacher of Finley?\nAnswer:" -> " Charlie"
 
 tokenized with GPT-2 BPE through tiktoken and remapped to the compact vocabulary of the token ids
 that occur (a small model does not pay for 50,257 embedding rows). meta.json keeps the map
-(`bpe_ids`: compact id -> GPT-2 id) so every example decodes back to its sentence.
+(`bpe_ids`: compact id -> GPT-2 id) so every example decodes back to its sentence. By default names
+are one-token census names and every sentence starts with a space (see NAME_SOURCES below), so each
+entity is one token wherever it stands; --names=syllable gives names of several tokens.
 
     python data/nl/prepare.py --format=direct --tiktoken_file=PATH/gpt2.tiktoken
-    python data/nl/prepare.py --format=reverse --n_entities=200 --out_dir=data/nl/reverse200
+    python data/nl/prepare.py --format=reverse --out_dir=data/nl/reverse --tiktoken_file=PATH/gpt2.tiktoken
 
 Offline: tiktoken.get_encoding("gpt2") downloads its ranks; --tiktoken_file reads the official
 file from disk instead (README says where to get it). Split files hold question tokens, a tab,
@@ -45,7 +47,7 @@ GENERATOR_KEYS = sym.GENERATOR_KEYS + ["format", "names", "leading_space", "enco
 FORMATS = ("direct", "reverse")
 # census: real first names and surnames (US Census 1990 lists, public domain; names.txt, most common
 #   first) that are ONE token after a space, so every answer and injected bridge is a single token
-#   (a subject at the start of a sentence may still take two or more).
+#   (without leading_space, a subject at the start of a sentence may still take two or more).
 # census_strict: one token in both places (what a sentence-initial name needs without leading_space).
 # syllable: generated names of 1-6 tokens. The README measures which of these train.
 # leading_space: every sentence starts with a space (as SentencePiece tokenizers, e.g. Llama's and
@@ -82,13 +84,17 @@ def make_names(n, seed):
     return keep[:n]
 
 
+def read_names():
+    """names.txt without its comment lines, most common first."""
+    with open(NAMES_FILE) as f:
+        return [w.strip() for w in f if w.strip() and not w.startswith("#")]
+
+
 def census_names(n, seed, enc, strict):
     """The n most common census names that are one token after a space (and sentence-initially
     if strict), in a seeded random order. "Ann" and "Anna" may both occur: as answers they are two
     distinct single tokens, so neither answer is a prefix of the other (what exact match needs)."""
-    with open(NAMES_FILE) as f:
-        names = [w.strip() for w in f if w.strip() and not w.startswith("#")]
-    one = [w for w in names if len(enc.encode_ordinary(" " + w)) == 1 and (not strict or len(enc.encode_ordinary(w)) == 1)]
+    one = [w for w in read_names() if len(enc.encode_ordinary(" " + w)) == 1 and (not strict or len(enc.encode_ordinary(w)) == 1)]
     if len(one) < n:
         raise ConfigError(f"only {len(one)} names in {os.path.relpath(NAMES_FILE, REPO)} are one '{enc.name}' token, "
                           f"{n} needed (n_entities={n // 2} per graph): use a smaller graph or --names=syllable")
