@@ -65,11 +65,28 @@ def table(header, rows):
     return "\n".join(lines)
 
 
+def atom_graphs(data):
+    """The graph ('A' = ID, 'B' = OOD) of each atomic fact of train_atom, from its subject."""
+    meta = data.meta
+    graph = {e: g for g, es in meta["entities"].items() for e in es}
+    if "names" in meta:  # natural language: the subject is the name before "'s"
+        entity = {n: e for e, n in meta["names"].items()}
+        with open(os.path.join(data.data_dir, "train_atom.text.jsonl")) as f:
+            return [graph[entity[json.loads(line)["question"].strip().split("'s ")[0]]] for line in f]
+    return [graph[meta["vocab"][i]] for i in data.splits["train_atom"][0][:, 0].tolist()]
+
+
 def cmd_acc(model, data, n_loops):
-    """Accuracy of every split with the head read after each n in n_loops."""
-    res = {n: {s: accuracy(model, X, Y, n_loop=n)[0] for s, (X, Y) in data.splits.items()} for n in n_loops}
-    splits = list(data.splits)
-    print(table(["n_loop"] + splits, [[n] + [res[n][s] for s in splits] for n in n_loops]))
+    """Accuracy of every split with the head read after each n in n_loops, and of the atoms of each
+    graph apart: a two-hop question needs its bridge read out at loop 1, so OOD generalization needs
+    the OOD graph's facts there too (atoms_B at n_loop=1), not only after the last loop."""
+    splits = dict(data.splits)
+    if "train_atom" in splits:
+        X, Y = splits["train_atom"]
+        g = torch.tensor([x == "A" for x in atom_graphs(data)])
+        splits.update(atoms_A=(X[g], Y[g]), atoms_B=(X[~g], Y[~g]))
+    res = {n: {s: accuracy(model, X, Y, n_loop=n)[0] for s, (X, Y) in splits.items()} for n in n_loops}
+    print(table(["n_loop"] + list(splits), [[n] + [res[n][s] for s in splits] for n in n_loops]))
     return {str(n): r for n, r in res.items()}
 
 

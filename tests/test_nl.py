@@ -61,6 +61,9 @@ def test_round_trip_and_graph(tmp_path, fmt, source, lead):
             for r in ex[1:-1]:
                 e = g[e][int(r[1:])]  # relation token "r12" is relation 12
             assert e == ex[-1]
+    from probe import atom_graphs  # probe.py finds each NL atom's graph from its sentence
+    from tasks import QAData
+    assert atom_graphs(QAData(out)) == ["A" if ex[0] in graphs["A"] else "B" for ex in splits["train_atom"]]
     q = json.loads(open(os.path.join(out, "test_id.text.jsonl")).readline())["question"]
     assert q.startswith(" ") == lead
     assert (q.strip().startswith("Who is the ") and q.endswith("?\nAnswer:")) if fmt == "reverse" else q.endswith(" is")

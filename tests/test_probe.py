@@ -24,15 +24,33 @@ def probe(*args):
     return r.stdout
 
 
-def test_acc_table_every_loop_count(tiny_ckpts):
+def test_acc_table_every_loop_count(tiny_ckpts, tiny_data):
     out = probe("acc", f"--ckpt={tiny_ckpts['loop']}", "--n_loop=1,2,4")
-    assert "| n_loop | train_atom | train_id | test_id | test_ood |" in out
+    assert "| n_loop | train_atom | train_id | test_id | test_ood | atoms_A | atoms_B |" in out
     res = json.load(open(os.path.join(tiny_ckpts["loop"], "probe_acc.json")))
     assert set(res) == {"1", "2", "4"} and all(0 <= v <= 1 for r in res.values() for v in r.values())
     # n_loop=2 is the trained model: equals the final accuracy in training's last metrics line (fp32 both)
     last = [json.loads(line) for line in open(os.path.join(tiny_ckpts["loop"], "metrics.jsonl"))][-1]
     assert res["2"]["test_id"] == pytest.approx(last["acc/test_id"], abs=1e-4)
     assert res["1"]["train_atom"] == pytest.approx(last["acc1/train_atom"], abs=1e-4)
+    from probe import atom_graphs
+    from tasks import QAData
+    graphs = atom_graphs(QAData(tiny_data))
+    n_a, n_b = graphs.count("A"), graphs.count("B")
+    assert n_a > 0 and n_b > 0 and n_a + n_b == len(graphs)
+    for r in res.values():  # the two graphs' atoms make up train_atom
+        assert n_a * r["atoms_A"] + n_b * r["atoms_B"] == pytest.approx(len(graphs) * r["train_atom"], abs=1e-6)
+
+
+def test_atom_graphs_follow_the_facts(tiny_data):
+    """Each atom's subject is placed in its graph, and a fact never leaves its graph."""
+    from probe import atom_graphs
+    from tasks import QAData
+    data = QAData(tiny_data)
+    ents = data.meta["entities"]
+    X, Y = data.splits["train_atom"]
+    for g, x, y in zip(atom_graphs(data), X[:, 0].tolist(), Y[:, 1].tolist()):
+        assert data.meta["vocab"][x] in ents[g] and data.meta["vocab"][y] in ents[g]
 
 
 def test_lens_values_in_range_and_disco_injected_state(tiny_ckpts):
