@@ -165,27 +165,37 @@ def cmd_sweep(model, data, norm, alphas, png=None):
 
 @torch.no_grad()
 def cmd_gate(model, data):
-    """Mean learned gate alpha after each non-final loop, by token type (entity/relation/other)."""
+    """Mean learned gate alpha after each non-final loop over the question tokens of the two-hop
+    splits, by token type (entity/relation/filler) and by position (which layouts are fixed here)."""
     if model.config.recurrence != "disco" or model.config.disco_gate != "learned":
         raise CheckpointError("the gate probe needs a DiscoLoop checkpoint with disco_gate='learned'")
     kinds = data.meta.get("token_kinds") or {t: ("entity" if t.startswith("e") else "relation")
                                              for t in data.meta["vocab"]}
-    kind_of = [kinds.get(t, "other") for t in data.meta["vocab"]]
-    sums, counts = {}, {}
+    names = ["entity", "relation", "filler", "other"]
+    kind_of = torch.tensor([names.index(kinds.get(t, "other")) for t in data.meta["vocab"]])
+    by_kind, by_pos, kind_at = {}, {}, {}  # (loop, key) -> [sum, count]; position -> kind counts
     for s in two_hop_splits(data):
         X, Y = data.splits[s]
         gates = {}
-        model(X, hook=lambda k, h, nxt: gates.update({k: model.gate_values(h)}) if k < model.config.n_loop else None)
+        model(X, hook=lambda k, h, nxt: gates.update({k: model.gate_values(h).float()}) if k < model.config.n_loop else None)
         n_tokens = (Y != -1).int().cumsum(1).eq(0).sum(1) + 1  # question length: positions up to the first answer
+        mask = torch.arange(X.size(1))[None] < n_tokens[:, None]
+        kind = kind_of[X]
+        for t in range(X.size(1)):
+            kind_at.setdefault(t, torch.zeros(len(names), dtype=torch.long))
+            kind_at[t] += torch.bincount(kind[mask[:, t], t], minlength=len(names))
         for k, g in gates.items():
-            for i in range(len(X)):
-                for t in range(int(n_tokens[i])):
-                    key = (k, kind_of[int(X[i, t])])
-                    sums[key] = sums.get(key, 0.0) + float(g[i, t])
-                    counts[key] = counts.get(key, 0) + 1
-    out = {f"loop{k}/{kind}": sums[(k, kind)] / counts[(k, kind)] for (k, kind) in sorted(sums)}
+            for key, m in [(names[j], mask & (kind == j)) for j in range(len(names))] + \
+                          [(f"pos{t}", mask & (torch.arange(X.size(1)) == t)) for t in range(X.size(1))]:
+                acc = (by_pos if key.startswith("pos") else by_kind).setdefault((k, key), [0.0, 0])
+                acc[0] += float(g[m].sum())
+                acc[1] += int(m.sum())
+    out = {f"loop{k}/{key}": v / n for (k, key), (v, n) in sorted(by_kind.items()) if n}
     print(table(["loop/token type", "mean gate"], [[k, v] for k, v in out.items()]))
-    return out
+    pos = {f"loop{k}/{key}": v / n for (k, key), (v, n) in by_pos.items() if n}
+    rows = [[key, names[int(kind_at[int(key.split("pos")[1])].argmax())], v] for key, v in pos.items()]
+    print(table(["loop/position", "main token type", "mean gate"], rows))
+    return {**out, **pos}
 
 
 def cmd_plot(dirs, png):

@@ -72,7 +72,12 @@ def test_sweep_alpha0_is_the_unmodified_model_and_alpha1_uses_bmax(tiny_ckpts, t
 
 def test_gate_probe(tiny_ckpts):
     out = probe("gate", f"--ckpt={tiny_ckpts['disco']}")
-    assert "loop1/entity" in out and "loop1/relation" in out
+    assert "loop1/entity" in out and "loop1/relation" in out and "| loop1/pos2 | relation |" in out
+    res = json.load(open(os.path.join(tiny_ckpts["disco"], "probe_gate.json")))
+    # symbolic questions are (entity, relation, relation): the means by type are the means by position
+    assert res["loop1/entity"] == pytest.approx(res["loop1/pos0"])
+    assert res["loop1/relation"] == pytest.approx((res["loop1/pos1"] + res["loop1/pos2"]) / 2)
+    assert "loop1/pos3" not in res  # answer positions are not question tokens
 
 
 def test_plot(tiny_ckpts, tmp_path):
