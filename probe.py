@@ -43,18 +43,35 @@ def two_hop_splits(data):
     return [s for s, info in data.meta["splits"].items() if info["hops"] == 2]
 
 
+def examples(data, split):
+    """The symbolic example (entity, relations..., answer) behind each question of a split."""
+    if "names" in data.meta:  # natural language: data/nl/prepare.py stores it with each sentence
+        path = os.path.join(data.data_dir, f"{split}.text.jsonl")
+        with open(path) as f:
+            rows = [json.loads(line) for line in f]
+        if rows and "example" not in rows[0]:
+            raise DataError(f"'{path}' predates the 'example' field: run data/nl/prepare.py again")
+        return [tuple(r["example"]) for r in rows]
+    X, Y = data.splits[split]
+    hops = data.meta["splits"][split]["hops"]
+    v = data.meta["vocab"]
+    return [tuple(v[i] for i in x[:hops + 1].tolist()) + (v[int(y[y != -1][0])],) for x, y in zip(X, Y)]
+
+
 def bridges(data, split, depth=1):
-    """Bridge ids for each question of a symbolic k-hop split, from the atomic facts: depth j gives
-    the entity reached after the first j hops (a -r1-> b1 -r2-> b2 ...), expected at position j."""
-    X, Y = data.splits["train_atom"]  # inputs (a, r), target b at position 1
-    atoms = {(int(x[0]), int(x[1])): int(y[1]) for x, y in zip(X, Y)}
-    Q, _ = data.splits[split]
+    """Token id of the entity each question of a k-hop split reaches after its first `depth` hops
+    (a -r1-> b1 -r2-> b2 ...), from the atomic facts; depth k is the answer. For a name of several
+    tokens, its first token."""
+    atoms = {ex[:2]: ex[2] for ex in examples(data, "train_atom")}
+    X, Y = data.splits["train_atom"]
+    first = (Y != -1).int().argmax(1)  # an entity's token: the first answer token of an atom it answers
+    token = {ex[2]: int(Y[i, first[i]]) for i, ex in enumerate(examples(data, "train_atom"))}
     out = []
-    for q in Q:
-        e = int(q[0])
-        for j in range(1, depth + 1):
-            e = atoms[(e, int(q[j]))]
-        out.append(e)
+    for ex in examples(data, split):
+        e = ex[0]
+        for r in ex[1:depth + 1]:
+            e = atoms[(e, r)]
+        out.append(token[e])
     return torch.tensor(out)
 
 
@@ -67,13 +84,8 @@ def table(header, rows):
 
 def atom_graphs(data):
     """The graph ('A' = ID, 'B' = OOD) of each atomic fact of train_atom, from its subject."""
-    meta = data.meta
-    graph = {e: g for g, es in meta["entities"].items() for e in es}
-    if "names" in meta:  # natural language: the subject is the name before "'s"
-        entity = {n: e for e, n in meta["names"].items()}
-        with open(os.path.join(data.data_dir, "train_atom.text.jsonl")) as f:
-            return [graph[entity[json.loads(line)["question"].strip().split("'s ")[0]]] for line in f]
-    return [graph[meta["vocab"][i]] for i in data.splits["train_atom"][0][:, 0].tolist()]
+    graph = {e: g for g, es in data.meta["entities"].items() for e in es}
+    return [graph[ex[0]] for ex in examples(data, "train_atom")]
 
 
 def cmd_acc(model, data, n_loops):
@@ -92,31 +104,42 @@ def cmd_acc(model, data, n_loops):
 
 @torch.no_grad()
 def cmd_lens(model, data):
-    """Logit lens at the bridge position after loop 1: mean P(b | H1_1), cos(H1_1, W[b]), how often
-    b is the argmax; for DiscoLoop also cos of the injected state H~1_1 with W[b]. On deeper splits
-    (k hops) the same for every bridge j < k: position j after loop j, so one can see where a chain
-    of hand-offs breaks (rows 'split bj')."""
+    """Logit lens at the bridge position after loop 1: mean P(b | H1), cos(H1, W[b]), how often b is
+    the argmax; for DiscoLoop also cos of the injected state H~1 with W[b]. On deeper splits (k hops)
+    the same for every bridge j < k after loop j, so one can see where a chain of hand-offs breaks
+    (rows 'split bj'). Symbolic bridge j sits at position j; a sentence's bridge position is measured:
+    the one where loop 1 decodes the bridge most often on train_id (the 'where' table, every position)."""
     W = model.transformer.wte.weight
-    out = {}
-    for s, info in data.meta["splits"].items():
-        if info["hops"] < 2:
-            continue
-        X, _ = data.splits[s]
+    out, where = {}, {}
+    symbolic = "names" not in data.meta
+    splits = sorted((s for s, info in data.meta["splits"].items() if info["hops"] >= 2), key=lambda s: s != "train_id")
+    for s in splits:
+        hops = data.meta["splits"][s]["hops"]
+        X, Y = data.splits[s]
         seen = {}
-        model(X, n_loop=info["hops"], hook=lambda k, h, nxt: seen.update({k: (h, nxt)}))
-        for j in range(1, info["hops"]):
+        model(X, n_loop=hops, hook=lambda k, h, nxt: seen.update({k: (h, nxt)}))
+        n_q = int((Y[0] != -1).int().argmax()) + 1  # question positions (layouts are fixed per split)
+        for j in range(1, hops):
             b = bridges(data, s, j)
-            h, h_next = seen[j][0][:, j], seen[j][1][:, j]
+            hit = model.head(seen[j][0][:, :n_q]).argmax(-1) == b[:, None]
+            where[f"{s} b{j}"] = hit.float().mean(0).tolist()
+            if not symbolic and not (j == 1 and "train_id b1" in where):
+                continue
+            t = j if symbolic else max(range(len(where["train_id b1"])), key=where["train_id b1"].__getitem__)
+            h, h_next = seen[j][0][:, t], seen[j][1][:, t]
             p = model.head(h).float().softmax(-1)
-            r = {"P(b|H1)": p[torch.arange(len(b)), b].mean().item(),
+            r = {"pos": t, "P(b|H1)": p[torch.arange(len(b)), b].mean().item(),
                  "argmax=b": (p.argmax(-1) == b).float().mean().item(),
                  "cos(H1,W[b])": F.cosine_similarity(h.float(), W[b].float(), dim=-1).mean().item()}
             if model.config.recurrence == "disco":
                 r["cos(H~1,W[b])"] = F.cosine_similarity(h_next.float(), W[b].float(), dim=-1).mean().item()
-            out[s if info["hops"] == 2 else f"{s} b{j}"] = r
+            out[s if hops == 2 else f"{s} b{j}"] = r
     cols = list(next(iter(out.values())))
     print(table(["split"] + cols, [[s] + [r[c] for c in cols] for s, r in out.items()]))
-    return out
+    n = max(len(v) for v in where.values())
+    print(table(["argmax=b after loop j, by position"] + [f"pos{t}" for t in range(n)],
+                [[s] + v + [""] * (n - len(v)) for s, v in where.items()]))
+    return {**out, "where": where}
 
 
 def intervention(model, alpha, norm):

@@ -3,6 +3,7 @@ import json
 import os
 
 import pytest
+import torch
 
 from conftest import REPO, run
 
@@ -61,9 +62,17 @@ def test_round_trip_and_graph(tmp_path, fmt, source, lead):
             for r in ex[1:-1]:
                 e = g[e][int(r[1:])]  # relation token "r12" is relation 12
             assert e == ex[-1]
-    from probe import atom_graphs  # probe.py finds each NL atom's graph from its sentence
+    from probe import atom_graphs, bridges  # probe.py reads the symbolic example behind each sentence
     from tasks import QAData
-    assert atom_graphs(QAData(out)) == ["A" if ex[0] in graphs["A"] else "B" for ex in splits["train_atom"]]
+    data = QAData(out)
+    assert atom_graphs(data) == ["A" if ex[0] in graphs["A"] else "B" for ex in splits["train_atom"]]
+    for s, info in meta["splits"].items():  # walking every hop of a question reaches its answer's first token
+        if info["hops"] >= 2:
+            X, Y = data.splits[s]
+            first = Y[torch.arange(len(Y)), (Y != -1).int().argmax(1)]
+            assert (bridges(data, s, info["hops"]) == first).all(), s
+            if source != "syllable":  # one-token names: the bridge is not the answer (byte names all start with " ")
+                assert (bridges(data, s, 1) != first).any(), s
     q = json.loads(open(os.path.join(out, "test_id.text.jsonl")).readline())["question"]
     assert q.startswith(" ") == lead
     assert (q.strip().startswith("Who is the ") and q.endswith("?\nAnswer:")) if fmt == "reverse" else q.endswith(" is")
@@ -111,3 +120,7 @@ def test_trains_on_nl(tmp_path):
     assert "acc/test_ood" in last and "acc1/train_id" in last
     r = run(["probe.py", "gate", f"--ckpt={out}", "--threads=1"])
     assert r.returncode == 0 and "loop1/entity" in r.stdout and "loop1/filler" in r.stdout, r.stderr
+    r = run(["probe.py", "lens", f"--ckpt={out}", "--threads=1"])
+    assert r.returncode == 0 and "| test_ood b1 |" in r.stdout, r.stderr
+    where = json.load(open(os.path.join(out, "probe_lens.json")))["where"]
+    assert all(0 <= v <= 1 for row in where.values() for v in row) and len(where["test_id b1"]) > 3

@@ -56,9 +56,12 @@ def test_atom_graphs_follow_the_facts(tiny_data):
 def test_lens_values_in_range_and_disco_injected_state(tiny_ckpts):
     probe("lens", f"--ckpt={tiny_ckpts['disco']}")
     res = json.load(open(os.path.join(tiny_ckpts["disco"], "probe_lens.json")))
+    where = res.pop("where")
     assert set(res) == {"train_id", "test_id", "test_ood"}
-    for r in res.values():
+    for s, r in res.items():
         assert 0 <= r["P(b|H1)"] <= 1 and -1 <= r["cos(H1,W[b])"] <= 1 and "cos(H~1,W[b])" in r
+        assert r["pos"] == 1 and where[f"{s} b1"][1] == pytest.approx(r["argmax=b"])  # symbolic bridge: position 1
+        assert len(where[f"{s} b1"]) == 3  # (entity, relation, relation)
 
 
 def test_sweep_alpha0_is_the_unmodified_model_and_alpha1_uses_bmax(tiny_ckpts, tmp_path):

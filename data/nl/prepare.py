@@ -139,8 +139,8 @@ def build(c, enc):
     kinds = {f"t{t}": "entity" if t in name_toks else "relation" if t in rel_toks else "filler" for t in bpe_ids}
     files = {f"{s}.txt": "".join(" ".join(vocab[compact[t]] for t in q) + "\t" + " ".join(vocab[compact[t]] for t in a)
                                  + "\n" for q, a in pairs) for s, pairs in encoded.items()}
-    files.update({f"{s}.text.jsonl": "".join(json.dumps({"question": q, "answer": a}) + "\n" for q, a in pairs)
-                  for s, pairs in texts.items()})
+    files.update({f"{s}.text.jsonl": "".join(json.dumps({"question": q, "answer": a, "example": ex}) + "\n"
+                                         for (q, a), ex in zip(pairs, splits[s])) for s, pairs in texts.items()})
     meta.update(vocab=vocab, bpe_ids=bpe_ids, encoding=enc.name, token_kinds=kinds,
                 names={e: name[e] for e in ents}, relation_words=rel,
                 config={k: c[k] for k in GENERATOR_KEYS})
@@ -163,6 +163,7 @@ def prepare(c, enc=None):
 def main(argv):
     try:
         c = configure(DEFAULTS, argv)
+        verb = "kept existing" if os.path.exists(c["out_dir"]) else "wrote"
         out = prepare(c)
     except ConfigError as e:
         die(e)
@@ -170,7 +171,7 @@ def main(argv):
         meta = json.load(f)
     with open(os.path.join(out, "test_ood.text.jsonl")) as f:
         ex = json.loads(f.readline())
-    print(f"wrote {out}: vocabulary of {len(meta['vocab'])} GPT-2 tokens; e.g. {ex['question']!r} ->{ex['answer']!r}")
+    print(f"{verb} {out}: vocabulary of {len(meta['vocab'])} GPT-2 tokens; e.g. {ex['question']!r} ->{ex['answer']!r}")
 
 
 if __name__ == "__main__":

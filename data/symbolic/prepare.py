@@ -166,6 +166,7 @@ def prepare(c, force=False):
 def main(argv):
     try:
         c = configure(DEFAULTS, argv)
+        verb = "kept existing" if os.path.exists(c["out_dir"]) else "wrote"
         out = prepare(c)
     except ConfigError as e:
         die(e)
@@ -174,7 +175,7 @@ def main(argv):
     for s, info in meta["splits"].items():
         with open(os.path.join(out, info["file"])) as f:
             print(f"{s:16s} {sum(1 for _ in f):7d} examples  graph {info['graph']:2s} hops {info['hops']}")
-    print(f"wrote {out}")
+    print(f"{verb} {out}")
 
 
 if __name__ == "__main__":
