@@ -105,7 +105,8 @@ def cmd_acc(model, data, n_loops):
 @torch.no_grad()
 def cmd_lens(model, data):
     """Logit lens at the bridge position after loop 1: mean P(b | H1), cos(H1, W[b]), how often b is
-    the argmax; for DiscoLoop also cos of the injected state H~1 with W[b]. On deeper splits (k hops)
+    the argmax and the final accuracy on those questions (is the hand-off to loop 2 used?); for
+    DiscoLoop also cos of the injected state H~1 with W[b]. On deeper splits (k hops)
     the same for every bridge j < k after loop j, so one can see where a chain of hand-offs breaks
     (rows 'split bj'). Symbolic bridge j sits at position j; a sentence's bridge position is measured:
     the one where loop 1 decodes the bridge most often on train_id (the 'where' table, every position)."""
@@ -117,7 +118,8 @@ def cmd_lens(model, data):
         hops = data.meta["splits"][s]["hops"]
         X, Y = data.splits[s]
         seen = {}
-        model(X, n_loop=hops, hook=lambda k, h, nxt: seen.update({k: (h, nxt)}))
+        logits, _ = model(X, n_loop=hops, hook=lambda k, h, nxt: seen.update({k: (h, nxt)}))
+        right = ((logits.argmax(-1) == Y) | (Y == -1)).all(1)
         n_q = int((Y[0] != -1).int().argmax()) + 1  # question positions (layouts are fixed per split)
         for j in range(1, hops):
             b = bridges(data, s, j)
@@ -128,8 +130,9 @@ def cmd_lens(model, data):
             t = j if symbolic else max(range(len(where["train_id b1"])), key=where["train_id b1"].__getitem__)
             h, h_next = seen[j][0][:, t], seen[j][1][:, t]
             p = model.head(h).float().softmax(-1)
-            r = {"pos": t, "P(b|H1)": p[torch.arange(len(b)), b].mean().item(),
-                 "argmax=b": (p.argmax(-1) == b).float().mean().item(),
+            ok = p.argmax(-1) == b
+            r = {"pos": t, "P(b|H1)": p[torch.arange(len(b)), b].mean().item(), "argmax=b": ok.float().mean().item(),
+                 "acc if argmax=b": right[ok].float().mean().item() if ok.any() else float("nan"),
                  "cos(H1,W[b])": F.cosine_similarity(h.float(), W[b].float(), dim=-1).mean().item()}
             if model.config.recurrence == "disco":
                 r["cos(H~1,W[b])"] = F.cosine_similarity(h_next.float(), W[b].float(), dim=-1).mean().item()

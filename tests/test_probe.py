@@ -57,9 +57,14 @@ def test_lens_values_in_range_and_disco_injected_state(tiny_ckpts):
     probe("lens", f"--ckpt={tiny_ckpts['disco']}")
     res = json.load(open(os.path.join(tiny_ckpts["disco"], "probe_lens.json")))
     where = res.pop("where")
+    probe("acc", f"--ckpt={tiny_ckpts['disco']}", "--n_loop=2", "--json=" + os.path.join(tiny_ckpts["disco"], "acc2.json"))
+    final = json.load(open(os.path.join(tiny_ckpts["disco"], "acc2.json")))["2"]
     assert set(res) == {"train_id", "test_id", "test_ood"}
     for s, r in res.items():
         assert 0 <= r["P(b|H1)"] <= 1 and -1 <= r["cos(H1,W[b])"] <= 1 and "cos(H~1,W[b])" in r
+        # final accuracy = P(b decoded) P(right | decoded) + P(not decoded) P(right | not decoded)
+        ok, right_if_ok = r["argmax=b"], (0.0 if r["acc if argmax=b"] != r["acc if argmax=b"] else r["acc if argmax=b"])
+        assert ok * right_if_ok - 1e-6 <= final[s] <= ok * right_if_ok + (1 - ok) + 1e-6
         assert r["pos"] == 1 and where[f"{s} b1"][1] == pytest.approx(r["argmax=b"])  # symbolic bridge: position 1
         assert len(where[f"{s} b1"]) == 3  # (entity, relation, relation)
 
