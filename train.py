@@ -22,6 +22,7 @@ import sys
 import time
 
 import torch
+import torch.nn.functional as F
 from torch.distributed import destroy_process_group, init_process_group
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -142,25 +143,29 @@ if threads:
     torch.set_num_threads(threads)
 
 
-def cpu_has_bf16():
+def cpu_bf16_pays():
+    """bf16 autocast on a CPU is ~2x faster than fp32 on the AMD EPYC of the README's earlier runs and
+    2.5x SLOWER on a Xeon with the same avx512_bf16 flag (README), so time one small MLP fwd+bwd of each."""
     try:
         with open("/proc/cpuinfo") as f:
             flags = f.read()
-        return "avx512_bf16" in flags or "amx_bf16" in flags
     except OSError:
         return False
+    if "avx512_bf16" not in flags and "amx_bf16" not in flags:
+        return False
+    x, w1, w2 = torch.randn(8192, 192), torch.randn(768, 192, requires_grad=True), torch.randn(192, 768, requires_grad=True)
 
+    def clock(enabled):
+        best = float("inf")
+        for _ in range(3):
+            t = time.perf_counter()
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=enabled):
+                y = F.linear(F.gelu(F.linear(F.rms_norm(x, (192,)), w1)), w2)
+            y.float().square().mean().backward()
+            best = min(best, time.perf_counter() - t)
+        return best
+    return clock(True) < 0.8 * clock(False)
 
-if dtype == "auto":  # bf16 where the hardware has it (this CPU: ~2x faster than fp32), else fp32/fp16
-    if device_type == "cuda":
-        dtype = "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
-    else:
-        dtype = "bfloat16" if device_type == "cpu" and cpu_has_bf16() else "float32"
-ptdtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
-ctx = contextlib.nullcontext() if dtype == "float32" else torch.autocast(device_type=device_type, dtype=ptdtype)
-if device_type == "cuda":
-    torch.backends.cuda.matmul.allow_tf32 = True
-    torch.backends.cudnn.allow_tf32 = True
 
 # -----------------------------------------------------------------------------
 # data
@@ -210,6 +215,22 @@ if init_from == "resume":
         die(f"cannot resume from {ckpt_path}: {why}")
     iter_num = ckpt["iter_num"]
     elapsed = ckpt.get("elapsed", 0.0)  # wall time of the earlier sessions, so "time" reads as one run
+if dtype == "auto" and ckpt is not None and ckpt.get("dtype"):
+    dtype = ckpt["dtype"]  # a resumed run keeps the precision it started with (bit-identical resume)
+elif dtype == "auto":  # bf16 where it pays (GPU: where supported), else fp32/fp16
+    if device_type == "cuda":
+        dtype = "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
+    else:
+        pays = torch.tensor([device_type == "cpu" and cpu_bf16_pays()], dtype=torch.uint8)
+        if ddp:  # a measurement may differ between processes: every rank uses rank 0's
+            torch.distributed.broadcast(pays, 0)
+        dtype = "bfloat16" if pays.item() else "float32"
+ptdtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+ctx = contextlib.nullcontext() if dtype == "float32" else torch.autocast(device_type=device_type, dtype=ptdtype)
+if device_type == "cuda":
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
+
 torch.manual_seed(seed)  # same initial weights on every rank (DDP also broadcasts rank 0's)
 try:
     model_args = {k: config[k] for k in model_fields}
@@ -310,7 +331,7 @@ def evaluate():
 def checkpoint_obj():
     obj = {"model": raw_model.state_dict(), "optimizers": [o.state_dict() for o in optimizers],
            "model_args": model_args, "config": config, "data_config": data_config,
-           "iter_num": iter_num, "elapsed": round(time.time() - t_start, 2), "rng_cpu": torch.get_rng_state()}
+           "iter_num": iter_num, "dtype": dtype, "elapsed": round(time.time() - t_start, 2), "rng_cpu": torch.get_rng_state()}
     if device_type == "cuda":
         obj["rng_cuda"] = torch.cuda.get_rng_state()
     if ema is not None:

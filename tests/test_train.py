@@ -30,13 +30,24 @@ def test_train_then_resume(tiny_data, tmp_path):
     assert [m["iter"] for m in ms] == [0, 10, 20, 30]
     assert {"acc/test_id", "acc1/test_ood", "acc/train_atom", "acc1/train_id"} <= set(ms[-1])
     ck = torch.load(os.path.join(out, "ckpt.pt"), weights_only=True)
-    assert ck["iter_num"] == 30
+    assert ck["iter_num"] == 30 and ck["dtype"] == "float32"
     assert ck["elapsed"] >= ms[-1]["time"] > 0
     r = run(tiny_train_args(tiny_data, out, "--max_iters=50", "--eval_interval=10", "--init_from=resume"))
     assert r.returncode == 0, r.stderr
     assert [m["iter"] for m in metrics(out)] == [0, 10, 20, 30, 40, 50]
     times = [m["time"] for m in metrics(out)]
     assert times == sorted(times) and times[4] > ck["elapsed"]  # wall time continues across the resume
+
+
+def test_resume_keeps_the_checkpoint_dtype(tiny_data, tmp_path):
+    """dtype='auto' is decided by a timing on CPU; a resumed run must not re-decide it."""
+    out = str(tmp_path / "run")
+    r = run(tiny_train_args(tiny_data, out, "--max_iters=4", "--eval_interval=4", "--dtype=bfloat16"))
+    assert r.returncode == 0, r.stderr
+    assert torch.load(os.path.join(out, "ckpt.pt"), weights_only=True)["dtype"] == "bfloat16"
+    r = run(tiny_train_args(tiny_data, out, "--max_iters=8", "--eval_interval=4", "--init_from=resume", "--dtype=auto"))
+    assert r.returncode == 0, r.stderr
+    assert "dtype bfloat16" in r.stdout
 
 
 def test_learns_atoms(tiny_data, tmp_path):
