@@ -221,8 +221,9 @@ elif dtype == "auto":  # bf16 where it pays (GPU: where supported), else fp32/fp
     if device_type == "cuda":
         dtype = "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
     else:
-        pays = torch.tensor([device_type == "cpu" and cpu_bf16_pays()], dtype=torch.uint8)
-        if ddp:  # a measurement may differ between processes: every rank uses rank 0's
+        # only rank 0 measures (ranks timing at once would load the same cores); the rest take its answer
+        pays = torch.tensor([master and device_type == "cpu" and cpu_bf16_pays()], dtype=torch.uint8)
+        if ddp:
             torch.distributed.broadcast(pays, 0)
         dtype = "bfloat16" if pays.item() else "float32"
 ptdtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
