@@ -41,6 +41,28 @@ def _check(key, value, defaults, source):
     return value
 
 
+def script_defaults(path):
+    """{key: (default, meaning)} for the `key = literal  # meaning` lines at the top level of a
+    script such as train.py, read from its source without running it (for --help and bench.py plan)."""
+    with open(path) as f:
+        src = f.read()
+    lines = src.splitlines()
+    out = {}
+    for node in ast.parse(src).body:
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "config_keys":
+            break  # the end of the defaults block
+        if (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
+                and not node.targets[0].id.startswith("_")):
+            try:
+                value = ast.literal_eval(node.value)
+            except ValueError:
+                continue
+            if isinstance(value, (int, float, bool, str)):
+                line = lines[node.lineno - 1]
+                out[node.targets[0].id] = (value, line.split("#", 1)[1].strip() if "#" in line else "")
+    return out
+
+
 def parse_value(text):
     try:
         return ast.literal_eval(text)

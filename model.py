@@ -18,12 +18,14 @@ from dataclasses import dataclass, fields
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 RECURRENCES = ("none", "loop", "disco", "ponder")
 NORMS = ("rmsnorm", "layernorm")
 MLPS = ("swiglu", "gelu")
 POS_EMBS = ("rope", "learned", "none")
 GATES = ("fixed", "learned")
+CHECKPOINTING = ("none", "block")
 
 
 @dataclass
@@ -50,6 +52,8 @@ class GPTConfig:
     disco_topk: int = 0        # 0 = exact Phi over the vocabulary; k > 0 = Phi_k (Appendix B)
     disco_chunk: int = 0       # positions per chunk when decoding Phi (0 = all at once); bounds the B*chunk*V logits
     label_smoothing: float = 0.0
+    loss_chunk: int = 1024     # positions per chunk of the head + cross-entropy (0 = all): bounds the (chunk, V) logits
+    activation_checkpointing: str = "none"  # "block": keep only each block's input, recompute the block in backward
 
     def __post_init__(self):
         def bad(name, allowed):
@@ -83,6 +87,10 @@ class GPTConfig:
             bad("label_smoothing", "0 <= label_smoothing < 1")
         if self.n_hidden < 0:
             bad("n_hidden", "0 (auto) or a positive width")
+        if self.loss_chunk < 0:
+            bad("loss_chunk", "0 (no chunking) or a positive number of positions")
+        if self.activation_checkpointing not in CHECKPOINTING:
+            bad("activation_checkpointing", CHECKPOINTING)
 
     @classmethod
     def from_dict(cls, d):
@@ -162,6 +170,58 @@ class TopkPhi(torch.autograd.Function):
                                       mode="sum")
                 gW, = torch.autograd.grad(bag, Wl, grad_outputs=torch.cat([xf, g]))
         return gx, gW, None, None, None
+
+
+class LinearCrossEntropy(torch.autograd.Function):
+    """Mean cross-entropy of the head logits x @ W^T (x: (N, d) normed states, targets: (N,), -1 = no
+    target), `chunk` rows at a time, so no more than (chunk, V) logits ever exist. As in Liger-Kernel's
+    fused linear cross-entropy, the gradients are made in forward, chunk by chunk (softmax minus the
+    smoothed one-hot), and backward only scales them: nothing of size N x V is kept and the head
+    matmul is not run again. Kept for backward: dx (N, d) and one fp32 (V, d) dW."""
+
+    @staticmethod
+    def forward(ctx, x, W, targets, chunk, smoothing, need_grad):
+        V = W.size(0)
+        valid = targets != -1
+        acc = upcast(x).dtype  # fp32, or fp64 for an fp64 model
+        n = valid.sum().clamp(min=1).to(acc)  # a tensor: no host sync, compile-friendly
+        total = torch.zeros((), device=x.device, dtype=acc)
+        gx = torch.empty_like(x) if need_grad else None
+        gW = torch.zeros(W.shape, device=W.device, dtype=upcast(W).dtype) if need_grad else None
+        for s in range(0, x.size(0), chunk):
+            xs, ts, vs = x[s:s + chunk], targets[s:s + chunk].clamp(min=0), valid[s:s + chunk]
+            logits = upcast(F.linear(xs, W))  # (c, V) in fp32 (the matmul in the autocast dtype)
+            lse = logits.logsumexp(-1)
+            nll = lse - logits.gather(1, ts[:, None]).squeeze(1)
+            if smoothing:  # PyTorch's label smoothing: (1 - e) * nll + e * mean_v(-log p_v)
+                nll = (1 - smoothing) * nll + smoothing * (lse - logits.mean(-1))
+            total = total + (nll * vs).sum()
+            if need_grad:
+                g = logits.sub_(lse[:, None]).exp_()  # softmax, in place of the logits
+                g.scatter_add_(1, ts[:, None], torch.full_like(ts[:, None], smoothing - 1, dtype=g.dtype))
+                if smoothing:
+                    g.sub_(smoothing / V)
+                g.mul_((vs / n)[:, None])  # (c, V): d mean-loss / d logits, 0 on rows without a target
+                if not torch.is_autocast_enabled(x.device.type):
+                    g = g.to(W.dtype)  # under autocast the matmuls below cast (to bf16) themselves
+                gx[s:s + chunk] = (g @ W).to(x.dtype)  # (c, d)
+                gW.add_(g.t() @ xs)                     # (V, d)
+        if need_grad:
+            ctx.save_for_backward(gx, gW)
+            ctx.w_dtype = W.dtype
+        return total / n
+
+    @staticmethod
+    def backward(ctx, grad):
+        gx, gW = ctx.saved_tensors
+        return gx * grad.to(gx.dtype), (gW * grad).to(ctx.w_dtype), None, None, None, None
+
+
+def linear_cross_entropy(x, W, targets, chunk=0, smoothing=0.0):
+    """F.cross_entropy(x @ W.T, targets, ignore_index=-1, label_smoothing=smoothing), chunked."""
+    x, targets = x.reshape(-1, x.size(-1)), targets.reshape(-1)
+    need = torch.is_grad_enabled() and (x.requires_grad or W.requires_grad)
+    return LinearCrossEntropy.apply(x, W, targets, chunk or x.size(0), float(smoothing), need)
 
 
 def apply_rope(x, cos, sin):
@@ -276,8 +336,10 @@ class GPT(nn.Module):
         """One application of f_theta; `copy` picks the untied copy for recurrence='none'."""
         rope = (self.rope_cos, self.rope_sin) if self.config.pos_emb == "rope" else None
         n = self.config.n_layer
+        recompute = self.config.activation_checkpointing == "block" and torch.is_grad_enabled()
         for block in self.transformer.h[copy * n:(copy + 1) * n]:
-            x = block(x, rope)
+            # non-reentrant: composes with compile, hooks and autograd.graph hooks, and replays dropout's RNG
+            x = checkpoint(block, x, rope, use_reentrant=False) if recompute else block(x, rope)
         return x
 
     def phi(self, h):
@@ -312,7 +374,8 @@ class GPT(nn.Module):
 
     # ---- forward -----------------------------------------------------------------------------
     def forward(self, idx, targets=None, n_loop=None, hook=None):
-        """Returns (logits (B, T, V), loss or None), like nanoGPT but with logits at every position.
+        """(logits (B, T, V), None) without targets; (None, mean loss) with targets (B, T), -1 = no
+        target. The loss never materializes the (B, T, V) logits (LinearCrossEntropy, `loss_chunk`).
 
         n_loop: loops to run (default K). Fewer than K reads the head early (Stage-1 = 1); more than
             K runs extra loops (not possible for recurrence='none', whose copies are untied).
@@ -322,6 +385,16 @@ class GPT(nn.Module):
             value other than None replaces h_next. This is how probes read every loop's hidden
             states and how the training-free intervention of Eq. (2) is applied.
         """
+        h = self.hidden(idx, n_loop, hook)  # (B, T, d)
+        if targets is None:
+            return self.head(h), None
+        cfg = self.config
+        loss = linear_cross_entropy(self.transformer.ln_f(h), self.lm_head.weight, targets, cfg.loss_chunk,
+                                    cfg.label_smoothing)
+        return None, loss
+
+    def hidden(self, idx, n_loop=None, hook=None):
+        """The final state that the LM head reads, (B, T, d); see forward."""
         cfg = self.config
         B, T = idx.size()
         if T > cfg.block_size:
@@ -330,7 +403,7 @@ class GPT(nn.Module):
         if K < 1 or (cfg.recurrence == "none" and K > cfg.n_loop):
             raise ValueError(f"n_loop={K} is invalid: allowed 1.."
                              f"{cfg.n_loop if cfg.recurrence == 'none' else 'any'} for recurrence={cfg.recurrence}")
-        x = self.transformer.wte(idx)
+        x = self.transformer.wte(idx)  # (B, T, d)
         pos = self.transformer.wpe(torch.arange(T, device=idx.device)) if cfg.pos_emb == "learned" else None
         if pos is not None and cfg.recurrence != "ponder":
             x = x + pos  # positions enter once, with the tokens (GPT-2 style)
@@ -349,12 +422,7 @@ class GPT(nn.Module):
                 replaced = hook(k, h, x_next)
                 x_next = x_next if replaced is None else replaced
             x = x_next
-        logits = self.head(x)
-        loss = None
-        if targets is not None:
-            loss = F.cross_entropy(upcast(logits).reshape(-1, logits.size(-1)), targets.reshape(-1),
-                                   ignore_index=-1, label_smoothing=cfg.label_smoothing)
-        return logits, loss
+        return x
 
     def flops_per_token(self, T):
         """Forward+backward FLOPs per token (PaLM appendix B estimate), counting every loop."""

@@ -72,6 +72,8 @@ disco_tau = 1.0
 disco_topk = 0
 disco_chunk = 0
 label_smoothing = 0.1
+loss_chunk = 1024            # positions per chunk of head + cross-entropy: no (B, T, V) logits are ever built
+activation_checkpointing = "none"  # 'none' | 'block': recompute each block in backward (pretraining needs it)
 # optimizer: AdamW on everything, or Muon on the 2-D block matrices + AdamW on the rest
 optimizer = "adamw"          # 'adamw' | 'muon'
 learning_rate = 3e-3
@@ -97,6 +99,7 @@ compile = False
 seed = 0
 threads = 0                  # CPU threads (0 = torch default)
 peak_flops = 0.0             # per-device peak FLOP/s for MFU (0 = report TFLOP/s only; bench.py measures one)
+memory_check = True          # on CUDA: print the memory plan and stop before allocating if it does not fit
 # -----------------------------------------------------------------------------
 config_keys = [k for k, v in globals().items() if not k.startswith("_") and isinstance(v, (int, float, bool, str))]
 try:
@@ -235,9 +238,21 @@ if device_type == "cuda":
 torch.manual_seed(seed)  # same initial weights on every rank (DDP also broadcasts rank 0's)
 try:
     model_args = {k: config[k] for k in model_fields}
-    model = GPT(GPTConfig(**model_args))
+    GPTConfig(**model_args)
 except ValueError as e:
     die(e)
+if device_type == "cuda" and memory_check:
+    # measured with fake tensors (nothing allocated), so an OOM-bound config stops here, not at step 1
+    from memory import HEADROOM, format_plan, plan
+    mem_plan = plan(config, world_size, ptdtype)
+    capacity = torch.cuda.get_device_properties(device).total_memory
+    if master:
+        print(format_plan(mem_plan, config, world_size))
+    if mem_plan.total > HEADROOM * capacity:
+        die(f"the memory plan needs {mem_plan.total / 1e9:.1f} GB per rank, more than 90% of this GPU's "
+            f"{capacity / 1e9:.0f} GB: lower batch_size (raise gradient_accumulation_steps), set "
+            f"activation_checkpointing='block', or pass --memory_check=False to try anyway")
+model = GPT(GPTConfig(**model_args))
 if ckpt is not None:
     model.load_state_dict(strip_compile_prefix(ckpt["model"]))
 model.to(device)
@@ -277,15 +292,12 @@ if ema_decay > 0:  # weight averaging: smooths the late-training swings of OOD a
 scaler = torch.amp.GradScaler(device_type, enabled=(dtype == "float16"))
 raw_model = model
 if compile:
-    # compile errors surface at the first call, not here: let dynamo fall back to eager (with a
-    # warning) for anything it cannot compile, e.g. no C++ compiler on a CPU machine
-    import torch._dynamo
-    torch._dynamo.config.suppress_errors = True
-    model = torch.compile(model)
+    model = torch.compile(model)  # compiles at the first step; a failure there is reported and runs eager
     if master:
-        print("torch.compile on (the first steps compile; unsupported pieces fall back to eager with a warning)")
+        print("torch.compile on (the first step compiles)")
 if ddp:
-    model = DDP(model, device_ids=[local_rank] if device_type == "cuda" else None)
+    # gradient_as_bucket_view: the gradients live in DDP's buckets, no second fp32 copy (the memory plan counts one)
+    model = DDP(model, device_ids=[local_rank] if device_type == "cuda" else None, gradient_as_bucket_view=True)
 del ckpt
 
 
@@ -383,10 +395,43 @@ bar = None
 if master:
     from tqdm import tqdm
     bar = tqdm(total=max_iters, initial=iter_num, dynamic_ncols=True, disable=None, mininterval=1.0)
+
+
+def micro_step(x, y):
+    global loss_sum
+    sync = contextlib.nullcontext() if (not ddp or micro == accum_local - 1) else model.no_sync()
+    with sync:
+        with ctx:
+            _, loss = model(x, y)
+            loss = loss / accum_local
+        scaler.scale(loss).backward()
+    loss_sum += loss.detach().float()
+
+
+def check_finite():
+    """Stop if a loss or gradient went non-finite or the weights did. Called before every save, so
+    no checkpoint ever holds poisoned weights (one host sync: only when logging or saving)."""
+    params = [p for p in raw_model.parameters()]
+    bad = nonfinite | ~torch.isfinite(torch.stack(torch._foreach_norm(params))).all()
+    if ddp:
+        bad = bad.to(torch.int32)
+        torch.distributed.all_reduce(bad, op=torch.distributed.ReduceOp.MAX)
+    if bad.item():
+        kept = (f"the last good checkpoint ({ckpt_path}, iteration {saved_iter}) is kept" if saved_iter is not None
+                else "no checkpoint was written")
+        die(f"loss, gradients or weights became non-finite before iteration {iter_num}; stopping, {kept} "
+            "(try a lower learning_rate or dtype=float32)")
+
+
+nonfinite = torch.zeros((), dtype=torch.bool, device=device)  # set on device, read only by check_finite
+saved_iter = iter_num if init_from == "resume" else None
+compiled_once = False
 last, t0, t_start = {}, time.time(), time.time() - elapsed
 resumed_at = iter_num if init_from == "resume" else -1  # its evaluation is already in metrics.jsonl
 while True:
+    # ---- once in a while: evaluate, save, and stop when asked or done ----
     if iter_num % eval_interval == 0 or iter_num >= max_iters or stop_requested:
+        check_finite()
         if master and not stop_requested and iter_num != resumed_at:  # on a stop request: save at once, evaluate after resuming
             metrics = {"iter": iter_num, "time": round(time.time() - t_start, 2)}
             if steps_per_epoch:
@@ -401,11 +446,13 @@ while True:
             bar.write(json.dumps(metrics))
         if master and (iter_num > 0 or eval_only) and iter_num != resumed_at:
             save_checkpoint(checkpoint_obj(), ckpt_path)
+            saved_iter = iter_num
         if eval_only or iter_num >= max_iters or stop_requested:
             if master and stop_requested:
                 print(f"stopped at iteration {iter_num}; checkpoint saved, continue with --init_from=resume")
             break
 
+    # ---- one optimization step: gradients accumulated over micro-batches, no host sync ----
     lr = get_lr(iter_num)
     for opt in optimizers:
         for group in opt.param_groups:
@@ -413,22 +460,25 @@ while True:
     loss_sum = torch.zeros((), device=device)
     for micro in range(accum_local):
         x, y = get_batch(iter_num, micro)
-        sync = contextlib.nullcontext() if (not ddp or micro == accum_local - 1) else model.no_sync()
-        with sync:
-            with ctx:
-                _, loss = model(x, y)
-                loss = loss / accum_local
-            scaler.scale(loss).backward()
-        loss_sum += loss.detach().float()
-    loss_sum = loss_sum.item()  # one sync per iteration, also the NaN/Inf check
-    if not math.isfinite(loss_sum):
-        # never checkpoint poisoned weights: the last good checkpoint stays as it is
-        die(f"loss is {loss_sum} at iteration {iter_num}; stopping, last good checkpoint kept at {ckpt_path} "
-            "(try a lower learning_rate or dtype=float32)")
+        try:
+            micro_step(x, y)
+        except Exception as e:  # the first step compiles: say why it failed, then run eager
+            if not compile or compiled_once:
+                raise
+            if ddp:
+                die(f"torch.compile failed ({type(e).__name__}: {str(e).strip().splitlines()[0][:200]}); "
+                    "rerun with --compile=False")
+            print(f"warning: torch.compile failed ({type(e).__name__}: {str(e).strip().splitlines()[0][:200]}); "
+                  "running eager", file=sys.stderr)
+            model = raw_model
+            raw_model.zero_grad(set_to_none=True)
+            micro_step(x, y)
+        compiled_once = True
     if grad_clip > 0:
         for opt in optimizers:
             scaler.unscale_(opt)
-        torch.nn.utils.clip_grad_norm_(raw_model.parameters(), grad_clip)
+        nonfinite |= ~torch.isfinite(torch.nn.utils.clip_grad_norm_(raw_model.parameters(), grad_clip))
+    nonfinite |= ~torch.isfinite(loss_sum)
     for opt in optimizers:
         scaler.step(opt)
     scaler.update()
@@ -438,20 +488,24 @@ while True:
         with torch.no_grad():
             torch._foreach_lerp_(ema_params, model_params, 1 - ema_decay)
     iter_num += 1
-    if ddp:  # the loss on this rank; average it so every rank logs the same number
-        t = torch.tensor(loss_sum, device=device)
-        torch.distributed.all_reduce(t)
-        loss_sum = t.item() / world_size
     if master:
         bar.update(1)
-        if iter_num % log_interval == 0:
-            dt = (time.time() - t0) / log_interval
-            t0 = time.time()
-            last = {"loss": round(loss_sum, 5), "lr": lr, "tok_per_s": round(tokens_per_iter / dt),
-                    "tflops": round(flops_per_iter / dt / world_size / 1e12, 4)}
-            if peak_flops:
-                last["mfu"] = round(flops_per_iter / dt / world_size / peak_flops, 4)
-            bar.set_description(f"loss {loss_sum:.4f}", refresh=False)
+
+    # ---- once in a while: read the loss back (the step's only host sync) and check it ----
+    if iter_num % log_interval == 0:
+        if ddp:  # every rank logs the same number
+            torch.distributed.all_reduce(loss_sum)
+            loss_sum /= world_size
+        check_finite()
+        loss_val = loss_sum.item()
+        dt = (time.time() - t0) / log_interval
+        t0 = time.time()
+        last = {"loss": round(loss_val, 5), "lr": lr, "tok_per_s": round(tokens_per_iter / dt),
+                "tflops": round(flops_per_iter / dt / world_size / 1e12, 4)}
+        if peak_flops:
+            last["mfu"] = round(flops_per_iter / dt / world_size / peak_flops, 4)
+        if master:
+            bar.set_description(f"loss {loss_val:.4f}", refresh=False)
 
 if bar is not None:
     bar.close()

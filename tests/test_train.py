@@ -110,8 +110,24 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(tiny_data, tmp_path):
     r = run(tiny_train_args(tiny_data, out, "--max_iters=100", "--eval_interval=10", "--init_from=resume",
                             "--learning_rate=1e30", "--min_lr=1e30", "--grad_clip=0.0", "--decay_lr=False"))
     assert r.returncode == 2
-    assert "loss is" in r.stderr and "at iteration 1" in r.stderr.replace("iteration 10", "") and len(r.stderr.strip().splitlines()) == 1
+    assert "non-finite" in r.stderr and "iteration 10) is kept" in r.stderr and len(r.stderr.strip().splitlines()) == 1
     assert open(os.path.join(out, "ckpt.pt"), "rb").read() == before
+
+
+@pytest.mark.parametrize("eval_interval", [1, 2])
+def test_divergence_never_saves_nonfinite_weights(tiny_data, tmp_path, eval_interval):
+    """An update that makes the weights non-finite is caught before the next evaluation saves them."""
+    out = str(tmp_path / "run")
+    r = run(tiny_train_args(tiny_data, out, "--learning_rate=1e30", "--min_lr=1e30", "--decay_lr=False",
+                            f"--eval_interval={eval_interval}", "--max_iters=6"))
+    assert r.returncode == 2 and "non-finite" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    path = os.path.join(out, "ckpt.pt")
+    if os.path.exists(path):
+        model = torch.load(path, weights_only=True)["model"]
+        assert all(torch.isfinite(v).all() for v in model.values() if v.is_floating_point())
+        assert "is kept" in r.stderr
+    else:
+        assert "no checkpoint was written" in r.stderr
 
 
 @pytest.mark.parametrize("extra,needle", [

@@ -1,0 +1,159 @@
+"""
+Memory of one training step, measured on CPU and planned for a GPU we do not have.
+
+Activations are measured, not guessed: `measure_step` runs the configured model's forward and
+backward under a TorchDispatchMode that follows every storage an op creates until it is freed
+(`LiveBytes`). With real CPU tensors that is a measurement; under FakeTensorMode the same code
+runs the full 440M shape without allocating or computing anything, so the plan can measure at
+a few small sequence lengths and extrapolate (activations are linear in T: attention is a flash
+kernel on CPU and GPU, no T x T matrix is kept). tests/test_memory.py holds the plan's figures to
+real-tensor measurement.
+
+    python bench.py plan config/pretrain.py           # the per-rank plan, against 80 and 141 GB
+"""
+import contextlib
+import weakref
+from dataclasses import dataclass
+
+import torch
+from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from model import GPT, GPTConfig
+
+GB = 1e9
+GPUS = {"H100 80GB": 80e9, "H200 141GB": 141e9}
+HEADROOM = 0.9  # plan at most 90% of the device: CUDA context, NCCL buffers and allocator fragmentation
+
+
+class LiveBytes(TorchDispatchMode):
+    """Bytes of the storages created inside the mode that are still alive (`now`) and their
+    maximum (`peak`). Views share their base's storage and are counted once. Copies of
+    parameters to a lower precision (autocast) are counted apart, in `weight_copies`."""
+
+    def __init__(self, params=()):
+        super().__init__()
+        self.now = self.peak = self.weight_copies = 0
+        self.live = {}
+        self.params = {p.untyped_storage()._cdata for p in params}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        is_copy = (func is torch.ops.aten._to_copy.default and isinstance(args[0], torch.Tensor)
+                   and args[0].untyped_storage()._cdata in self.params)
+        for t in pytree.tree_leaves(out):
+            if isinstance(t, torch.Tensor):
+                st = t.untyped_storage()
+                key = st._cdata  # the StorageImpl's address: one entry per storage, fake or real
+                if key in self.live or key in self.params:
+                    continue
+                n = st.nbytes()
+                self.live[key] = (n, is_copy)
+                if is_copy:
+                    self.weight_copies += n
+                self.now += n
+                self.peak = max(self.peak, self.now)
+                weakref.finalize(st, self._free, key)  # storages keep their Python object while alive
+        return out
+
+    def _free(self, key):
+        n, is_copy = self.live.pop(key)
+        self.now -= n
+        if is_copy:
+            self.weight_copies -= n
+
+
+def autocast_ctx(dtype):
+    """CPU autocast stands in for CUDA's: both keep matmul outputs in bf16 and reductions in fp32."""
+    return torch.autocast("cpu", dtype=dtype, enabled=dtype != torch.float32)
+
+
+def measure_step(cfg, B, T, dtype=torch.bfloat16, fake=True):
+    """One forward + backward of GPT(cfg) on (B, T) tokens, as a gradient-accumulation micro-step:
+    the gradients already exist (made by an untracked first step), so they are not counted here.
+    Returns bytes: act = kept from forward to backward (activations), copies = low-precision
+    weight copies among what forward keeps, peak = the most alive at any moment of forward +
+    backward (activations, recomputed blocks, chunk buffers: everything but resident state)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    with FakeTensorMode() if fake else contextlib.nullcontext():
+        m = GPT(cfg)
+        x = torch.randint(0, cfg.vocab_size, (B, T))
+        y = torch.randint(0, cfg.vocab_size, (B, T))
+        for tracked in (False, True):
+            live = LiveBytes(m.parameters())
+            with live if tracked else contextlib.nullcontext():
+                with autocast_ctx(dtype):
+                    _, loss = m(x, y)
+                act, copies = live.now, live.weight_copies
+                loss.backward()
+    return {"act": act - copies, "copies": copies, "peak": live.peak}
+
+
+def param_groups(model, optimizer):
+    """Parameter counts (Muon, AdamW) as train.configure_optimizers splits them."""
+    muon = adamw = 0
+    for n, p in model.named_parameters():
+        if optimizer == "muon" and p.dim() == 2 and n.startswith("transformer.h."):
+            muon += p.numel()
+        else:
+            adamw += p.numel()
+    return muon, adamw
+
+
+@dataclass
+class Plan:
+    rows: dict          # name -> bytes per rank
+    detail: dict        # analytic sizes of the largest transients, for reading the measured peak
+    total: float
+    tokens_per_step: int
+
+
+def plan(c, world_size, dtype=torch.bfloat16):
+    """Per-rank memory plan of train.py's config dict `c` for a GPU run (bf16 autocast, DDP with
+    gradient_as_bucket_view, so no second copy of the gradients). Activations and the backward peak
+    are measured on the configured model at the configured micro-batch with fake tensors."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    cfg = GPTConfig.from_dict(c)
+    B, T = c["batch_size"], c["block_size"]
+    with FakeTensorMode():
+        model = GPT(cfg)
+        n_params = sum(p.numel() for p in model.parameters())
+        muon, adamw = param_groups(model, c["optimizer"])
+        matmul = sum(p.numel() for n, p in model.named_parameters() if p.dim() == 2 and "wpe" not in n)
+    r = measure_step(cfg, B, T, dtype, fake=True)
+    rows = {
+        "parameters (fp32)": 4 * n_params,
+        "gradients (fp32)": 4 * n_params,
+        "AdamW state (2 x fp32)": 8 * adamw,
+        "Muon momentum (fp32)": 4 * muon,
+        "bf16 weight copies (autocast cache, all matmul weights)": 2 * matmul if dtype != torch.float32 else 0,
+        f"activations kept for backward ({B} x {T} tokens)": r["act"],
+        "backward peak above them (recompute, chunk buffers)": r["peak"] - r["act"] - r["copies"],
+    }
+    V, d = cfg.vocab_size, cfg.n_embd
+    detail = {
+        f"a logits chunk ({cfg.loss_chunk or B * T} rows x V: bf16 + fp32 + bf16 grad)": (cfg.loss_chunk or B * T) * V * 8,
+        f"a Phi chunk ({B} x {cfg.disco_chunk or T} x V bf16 logits)":
+            B * (cfg.disco_chunk or T) * V * 2 if cfg.recurrence in ("disco", "ponder") else 0,
+        "attention of one layer (flash: q, k, v, out bf16 + fp32 logsumexp)": B * T * (4 * d * 2 + cfg.n_head * 4),
+    }
+    accum_local = max(1, c["gradient_accumulation_steps"] // world_size)
+    return Plan(rows=rows, detail=detail, total=sum(rows.values()), tokens_per_step=B * T * accum_local * world_size)
+
+
+def fits(p, device_bytes):
+    return p.total <= HEADROOM * device_bytes
+
+
+def format_plan(p, c, world_size):
+    lines = [f"memory plan per rank ({c['recurrence']} K={c['n_loop']}, micro-batch {c['batch_size']} x "
+             f"{c['block_size']}, {c['gradient_accumulation_steps']} micro-steps over {world_size} ranks = "
+             f"{p.tokens_per_step:,} tokens per step, activation_checkpointing={c['activation_checkpointing']!r}):",
+             "| item | GB |", "|---|---|"]
+    lines += [f"| {k} | {v / GB:.2f} |" for k, v in p.rows.items()]
+    lines.append(f"| **total** | **{p.total / GB:.2f}** |")
+    lines += [f"| (inside the peak) {k} | {v / GB:.2f} |" for k, v in p.detail.items()]
+    for name, cap in GPUS.items():
+        lines.append(f"{name}: {p.total / GB:.1f} GB planned, {HEADROOM * cap / GB:.0f} GB usable (90%) -> "
+                     + ("fits" if fits(p, cap) else "DOES NOT FIT"))
+    return "\n".join(lines)
