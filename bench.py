@@ -7,6 +7,7 @@ here is asserted by tests.
     python bench.py --n_embd=1024 --n_layer=24 --n_head=16 --block_size=8192 --vocab_size=129280 --batch_size=1   # GPU
     python bench.py --compile=True           # also time torch.compile
     python bench.py --variants=loop,disco    # only these (all are built at once: at 440M on CPU, RAM decides)
+    python bench.py plan config/pretrain.py --world_size=8   # per-rank memory plan + throughput at a stated MFU
 
 Memory: bytes that autograd keeps for backward (counted with saved_tensors_hooks, the same on
 every device), and on CUDA the allocator's peak during a step above the resident weights. The Phi
@@ -175,5 +176,75 @@ def main(argv):
             json.dump({"config": c, "peak_flops": peak, "steps": results, "phi": phi_rows}, f, indent=1)
 
 
+H100_BF16_PEAK = 989e12  # dense bf16 tensor-core FLOP/s of an H100 SXM
+# Assumed model-FLOPs utilization: torchtitan (docs/performance.md) reports 33-39% for Llama 3.1 8B on
+# 8 H100s with FSDP, without Float8. A 440M model with K = 4 loops is smaller per kernel; we take 35%.
+ASSUMED_MFU = 0.35
+TOKENS = 20e9
+
+
+def plan_main(argv):
+    """bench.py plan CONFIG [--key=value ...] [--world_size=N]: the memory plan and the throughput
+    arithmetic of a training config, for the GPU run we cannot make here."""
+    import os
+    from configurator import script_defaults
+    from memory import format_plan, plan
+    defaults = {k: v for k, (v, _) in script_defaults(os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                                                    "train.py")).items()}
+    try:
+        c = configure({**defaults, "world_size": 8}, argv)
+        if c["world_size"] < 1 or c["gradient_accumulation_steps"] % c["world_size"]:
+            raise ConfigError(f"world_size={c['world_size']} must be >= 1 and divide gradient_accumulation_steps="
+                              f"{c['gradient_accumulation_steps']}")
+        if not c["vocab_size"]:
+            raise ConfigError("vocab_size=0 (the dataset's) cannot be planned without the data: set --vocab_size")
+        GPTConfig.from_dict(c)
+    except (ConfigError, ValueError) as e:
+        die(e)
+    p = plan(c, c["world_size"])
+    print(format_plan(p, c, c["world_size"]))
+    with torch.device("meta"):
+        model = GPT(GPTConfig.from_dict(c))
+    T = c["block_size"]
+    f_model = model.flops_per_token(T)
+    f_hw = model.flops_per_token(T, recompute=c["activation_checkpointing"] == "block")
+    tok_s = ASSUMED_MFU * H100_BF16_PEAK / f_model  # per GPU
+    gpus = c["world_size"]
+    print(f"\nFLOPs per token: {f_model / 1e9:.2f} G (model), {f_hw / 1e9:.2f} G with recompute")
+    print(f"at {ASSUMED_MFU:.0%} MFU on H100 ({H100_BF16_PEAK / 1e12:.0f} TFLOP/s bf16): {tok_s:,.0f} tokens/s per GPU, "
+          f"{tok_s * gpus:,.0f} on {gpus}; {TOKENS / 1e9:.0f}B tokens = {TOKENS / tok_s / 3600:,.0f} GPU-hours "
+          f"({TOKENS / tok_s / gpus / 3600:.1f} h on {gpus} GPUs)")
+    return p
+
+
+def breaks_main(argv):
+    """bench.py breaks CONFIG [--key=value ...]: torch.compile graph breaks of the configured model's
+    training forward (torch._dynamo.explain runs on CPU; the count does not depend on T, so T is small)."""
+    import os
+    import torch._dynamo
+    from configurator import script_defaults
+    defaults = {k: v for k, (v, _) in script_defaults(os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                                                    "train.py")).items()}
+    try:
+        c = configure({**defaults, "T": 64}, argv)
+        cfg = GPTConfig.from_dict({**c, "block_size": c["T"]})
+    except (ConfigError, ValueError) as e:
+        die(e)
+    model = GPT(cfg)
+    x = torch.randint(0, cfg.vocab_size, (1, c["T"]))
+    ex = torch._dynamo.explain(model)(x, x)
+    print(f"{cfg.recurrence} top-k={cfg.disco_topk} activation_checkpointing={cfg.activation_checkpointing!r}: "
+          f"{ex.graph_count} graph(s), {ex.graph_break_count} break(s)")
+    for b in ex.break_reasons:
+        where = b.user_stack[-1] if b.user_stack else None
+        print(f"  break: {b.reason.splitlines()[0][:200]}" + (f" ({where.filename}:{where.lineno})" if where else ""))
+    return ex.graph_break_count
+
+
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    if sys.argv[1:2] == ["plan"]:
+        plan_main(sys.argv[2:])
+    elif sys.argv[1:2] == ["breaks"]:
+        breaks_main(sys.argv[2:])
+    else:
+        main(sys.argv[1:])

@@ -78,19 +78,23 @@ class DiscoLoopLM(TemplateLM):
     @torch.no_grad()
     def _logprobs(self, rows):
         """rows: list of (input ids, n scored) -> per row (log-probs of the last n targets, all greedy).
-        Each row's input is its tokens minus the last; one padded forward per batch."""
+        Each row's input is its tokens minus the last; one padded forward per batch, and the head
+        runs only at the scored positions (no (B, T, V) logits)."""
         T = max(len(r) - 1 for r, _ in rows)
         x = torch.zeros(len(rows), T, dtype=torch.long)
         for i, (r, _) in enumerate(rows):
             x[i, :len(r) - 1] = torch.tensor(r[:-1])  # right padding: causal attention never sees it
+        b = torch.cat([torch.full((n,), i) for i, (_, n) in enumerate(rows)])           # row of each scored position
+        t = torch.cat([torch.arange(len(r) - 1 - n, len(r) - 1) for r, n in rows])      # its position
         with self.ctx:
-            logits, _ = self.model(x.to(self.dev), n_loop=self.n_loop)
+            h = self.model.hidden(x.to(self.dev), n_loop=self.n_loop)  # (B, T, d)
+            logits = self.model.head(h[b.to(self.dev), t.to(self.dev)])  # (scored, V)
         logp = F.log_softmax(logits.float(), dim=-1).cpu()
-        out = []
-        for i, (r, n) in enumerate(rows):
-            L = len(r) - 1
+        out, s = [], 0
+        for r, n in rows:
             tgt = torch.tensor(r[-n:])
-            lp = logp[i, L - n:L]
+            lp = logp[s:s + n]
+            s += n
             out.append((lp.gather(1, tgt[:, None]).sum().item(), bool((lp.argmax(-1) == tgt).all())))
         return out
 
@@ -134,8 +138,8 @@ class DiscoLoopLM(TemplateLM):
             for _ in range(max_new):  # greedy; no KV cache (the looped model re-reads the window)
                 x = torch.tensor([(ids + new)[-self.max_length:]], device=self.dev)
                 with self.ctx:
-                    logits, _ = self.model(x, n_loop=self.n_loop)
-                nxt = int(logits[0, -1].argmax())
+                    logits = self.model.head(self.model.hidden(x, n_loop=self.n_loop)[:, -1])  # (1, V)
+                nxt = int(logits[0].argmax())
                 if nxt == self.eot_token_id:
                     break
                 new.append(nxt)

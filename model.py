@@ -155,21 +155,30 @@ class TopkPhi(torch.autograd.Function):
         k, d = idx.size(-1), W.size(1)
         idx, p = idx.reshape(-1, k), p.reshape(-1, k)
         g, xf = g.reshape(-1, d).to(W.dtype), x.reshape(-1, d).to(W.dtype)
-        with torch.enable_grad():  # dp = <g, W[idx]>: embedding_bag's per-sample-weight gradient
-            ps = p.to(W.dtype).requires_grad_()
-            dp, = torch.autograd.grad(F.embedding_bag(idx, W.detach(), per_sample_weights=ps, mode="sum"), ps,
-                                      grad_outputs=g)
+        # embedding_bag's own backward kernels, called directly (no autograd.grad: torch.compile traces them)
+        flat, offsets, offset2bag = bag_layout(idx)
+        dp = torch.ops.aten._embedding_bag_per_sample_weights_backward(g, W, flat, offsets, offset2bag, 0)
+        dp = dp.view_as(p).to(p.dtype)  # dp = <g, W[idx]>
         dlogit = p * (dp - (p * dp).sum(-1, keepdim=True)) / ctx.tau
         gx = gW = None
         if ctx.needs_input_grad[0]:
             gx = F.embedding_bag(idx, W, per_sample_weights=dlogit.to(W.dtype), mode="sum").view(x.shape).to(x.dtype)
-        if ctx.needs_input_grad[1]:  # embedding_bag's weight gradient is this scatter-add; 2N bags, one buffer
-            with torch.enable_grad():
-                Wl = W.detach().requires_grad_()
-                bag = F.embedding_bag(torch.cat([idx, idx]), Wl, per_sample_weights=torch.cat([dlogit, p]).to(W.dtype),
-                                      mode="sum")
-                gW, = torch.autograd.grad(bag, Wl, grad_outputs=torch.cat([xf, g]))
+        if ctx.needs_input_grad[1]:  # both terms of dW as 2N bags into one (V, d) buffer
+            flat2, _, offset2bag2 = bag_layout(torch.cat([idx, idx]))
+            n2 = 2 * idx.size(0)
+            gW = torch.ops.aten._embedding_bag_dense_backward(
+                torch.cat([xf, g]), flat2, offset2bag2, torch.full((n2,), k, dtype=torch.long, device=idx.device),
+                torch.zeros(n2, dtype=torch.long, device=idx.device), W.size(0), False, 0,
+                torch.cat([dlogit, p]).flatten().to(W.dtype))
         return gx, gW, None, None, None
+
+
+def bag_layout(idx):
+    """(M, k) indices as embedding_bag's flat form: indices, bag offsets, bag of each index."""
+    M, k = idx.shape
+    offsets = torch.arange(M, device=idx.device) * k
+    offset2bag = torch.arange(M * k, device=idx.device) // k
+    return idx.flatten(), offsets, offset2bag
 
 
 class LinearCrossEntropy(torch.autograd.Function):
@@ -424,8 +433,9 @@ class GPT(nn.Module):
             x = x_next
         return x
 
-    def flops_per_token(self, T):
-        """Forward+backward FLOPs per token (PaLM appendix B estimate), counting every loop."""
+    def flops_per_token(self, T, recompute=False):
+        """Forward+backward FLOPs per token (PaLM appendix B estimate), counting every loop.
+        recompute=True adds the second forward of every block that activation checkpointing runs."""
         cfg = self.config
         n_block_params = sum(p.numel() for p in self.transformer.h.parameters())
         passes = cfg.n_loop if cfg.recurrence != "none" else 1
@@ -435,4 +445,7 @@ class GPT(nn.Module):
         if cfg.recurrence in ("disco", "ponder"):  # top-k = a forward-only head (2dV, TopkPhi) + O(kd)
             k = cfg.disco_topk
             extra = (cfg.n_loop - 1) * (2 * head + 12 * k * cfg.n_embd if k else 12 * head)
-        return 6 * (n_block_params * passes + head) + extra + 12 * L * cfg.n_embd * T
+        total = 6 * (n_block_params * passes + head) + extra + 12 * L * cfg.n_embd * T
+        if recompute:
+            total += 2 * n_block_params * passes + 4 * L * cfg.n_embd * T
+        return total

@@ -3,6 +3,11 @@
 # K=4, top-k Phi with k=128, on 20B tokens of 60% FineWeb-Edu + 40% FineMath-4plus.
 #   torchrun --standalone --nproc_per_node=8 train.py config/pretrain.py
 # Tokens per step: 128 sequences x 8192 = 1,048,576; 19,074 steps = 20,000,538,624 tokens.
+# Memory (python bench.py plan config/pretrain.py; measured with fake tensors, see README):
+#   8 x 80 GB (this file): 8 sequences per GPU x 2 micro-steps, block checkpointing -> 43.3 GB per rank
+#   16 x 80 GB, the paper's layout: --gradient_accumulation_steps=16 on 16 ranks (1 micro-step) -> 43.3 GB
+#   8 x 141 GB (H200): --batch_size=16 --gradient_accumulation_steps=8 (1 micro-step) -> 79.3 GB
+#   Without checkpointing one 8192-token sequence alone needs 59 GB of activations.
 out_dir = "out/pretrain_disco"
 dataset = "pretrain"
 data_dir = "data/pretrain/shards"    # python data/pretrain/prepare.py (cl100k_base, see README)
@@ -10,6 +15,8 @@ vocab_size = 129280                  # the paper's (DeepSeek-V3) vocabulary size
 block_size = 8192
 batch_size = 8                       # sequences per GPU and micro-step
 gradient_accumulation_steps = 16     # in total: 8 GPUs x 2, or 16 GPUs x 1 -> 128 sequences per step
+activation_checkpointing = "block"   # keep each block's input only; ~31 GB of activations instead of ~470
+loss_chunk = 1024                    # head + cross-entropy 1024 positions at a time: never (8, 8192, V) logits
 n_layer = 24
 n_head = 16
 n_embd = 1024
