@@ -20,12 +20,30 @@ import time
 
 import torch
 
+from common import DTYPES, autocast, resolve_device, resolve_dtype
 from configurator import ConfigError, configure, die
 from model import GPT, GPTConfig
 
-DEFAULTS = dict(n_layer=4, n_head=4, n_embd=256, n_hidden=0, block_size=512, vocab_size=32768, batch_size=2,
-                n_loop=4, disco_topk=128, disco_chunk=0, device="auto", dtype="auto", compile=False, iters=5,
-                warmup=2, threads=0, json="", variants="none,loop,disco,disco_exact,ponder")
+DEFAULTS = dict(
+    n_layer=4,           # blocks per loop
+    n_head=4,            # attention heads
+    n_embd=256,          # width d
+    n_hidden=0,          # MLP width (0 = 8/3 d)
+    block_size=512,      # tokens per sequence T
+    vocab_size=32768,    # vocabulary V
+    batch_size=2,        # sequences per step B
+    n_loop=4,            # K
+    disco_topk=128,      # k of the top-k variants
+    disco_chunk=0,       # Phi decoding chunk (0 = all positions)
+    device="auto",       # 'auto' | 'cpu' | 'cuda' (common.py's rule)
+    dtype="auto",        # 'auto' | 'float32' | 'bfloat16' (auto: fp32 on a CPU where bf16 is slower)
+    compile=False,       # also time torch.compile'd models
+    iters=5,             # timed steps per variant
+    warmup=2,            # untimed steps per variant first
+    threads=0,           # CPU threads (0 = torch default)
+    json="",             # also write the results to this JSON file
+    variants="none,loop,disco,disco_exact,ponder",  # comma list of variants to time (loop is the reference)
+)
 VARIANTS = {"none": ("none", False), "loop": ("loop", False), "disco": ("disco", True), "disco_exact": ("disco", False),
             "ponder": ("ponder", True)}  # name -> (recurrence, top-k Phi?)
 
@@ -88,7 +106,7 @@ def step_times(models, x, y, ctx, iters, warmup, device):
 
 def main(argv):
     try:
-        c = configure(DEFAULTS, argv)
+        c = configure(DEFAULTS, argv, __doc__, __file__)
         names = c["variants"].split(",")
         bad = [v for v in names if v not in VARIANTS]
         if bad or "loop" not in names:  # the vanilla loop is the reference row
@@ -97,13 +115,11 @@ def main(argv):
         die(e)
     if c["threads"]:
         torch.set_num_threads(c["threads"])
-    device = c["device"] if c["device"] != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
-    dtype = c["dtype"]
-    if dtype == "auto":
-        dtype = "bfloat16" if (device == "cuda" and torch.cuda.is_bf16_supported()) or device == "cpu" else "float32"
-    ptdtype = getattr(torch, dtype)
-    ctx = torch.autocast(device_type=device.split(":")[0], dtype=ptdtype) if dtype != "float32" else torch.autocast("cpu", enabled=False)
-    peak = matmul_peak(device, ptdtype)
+    device = resolve_device(c["device"])
+    dtype = resolve_dtype(c["dtype"], device)  # common.py: fp32 on a CPU where bf16 is slower
+    ptdtype = DTYPES[dtype]
+    ctx = autocast(device, dtype)
+    peak = matmul_peak(device, ptdtype, n=min(2048, 4 * c["n_embd"]))  # the benchmarked width sets the peak's size
     B, T = c["batch_size"], c["block_size"]
     print(f"device {device}, dtype {dtype}, threads {torch.get_num_threads()}, matmul peak {peak / 1e12:.3f} TFLOP/s")
     print(f"shape: d={c['n_embd']} layers={c['n_layer']} K={c['n_loop']} T={T} V={c['vocab_size']} B={B}\n")
@@ -189,10 +205,11 @@ def plan_main(argv):
     import os
     from configurator import script_defaults
     from memory import format_plan, plan
-    defaults = {k: v for k, (v, _) in script_defaults(os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                                                                    "train.py")).items()}
+    train_py = os.path.join(os.path.dirname(os.path.abspath(__file__)), "train.py")
+    defaults = {k: v for k, (v, _) in script_defaults(train_py).items()}
     try:
-        c = configure({**defaults, "world_size": 8}, argv)
+        extra = {"world_size": 8}  # GPUs (ranks) the run is planned for
+        c = configure({**defaults, **extra}, argv, plan_main.__doc__, [__file__, train_py])
         if c["world_size"] < 1 or c["gradient_accumulation_steps"] % c["world_size"]:
             raise ConfigError(f"world_size={c['world_size']} must be >= 1 and divide gradient_accumulation_steps="
                               f"{c['gradient_accumulation_steps']}")
@@ -223,10 +240,11 @@ def breaks_main(argv):
     import os
     import torch._dynamo
     from configurator import script_defaults
-    defaults = {k: v for k, (v, _) in script_defaults(os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                                                                    "train.py")).items()}
+    train_py = os.path.join(os.path.dirname(os.path.abspath(__file__)), "train.py")
+    defaults = {k: v for k, (v, _) in script_defaults(train_py).items()}
     try:
-        c = configure({**defaults, "T": 64}, argv)
+        extra = {"T": 64}  # sequence length traced (breaks do not depend on it)
+        c = configure({**defaults, **extra}, argv, breaks_main.__doc__, [__file__, train_py])
         cfg = GPTConfig.from_dict({**c, "block_size": c["T"]})
     except (ConfigError, ValueError) as e:
         die(e)

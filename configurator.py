@@ -70,11 +70,56 @@ def parse_value(text):
         return text  # a bare word such as --device=cpu
 
 
-def configure(defaults, argv):
-    """Return a new dict: defaults updated by config files and --key=value overrides in argv."""
+def key_comments(path):
+    """{key: comment} for every `key = ...  # comment`, `key=...,  # comment` (dict(...) keywords)
+    and `"key": ...,  # comment` line of a source file: the meanings --help prints, read from
+    the code so that they cannot go stale."""
+    with open(path) as f:
+        src = f.read()
+    lines = src.splitlines()
+    out = {}
+
+    def note(key, lineno):
+        line = lines[lineno - 1]
+        if "#" in line and key not in out:
+            out[key] = line.split("#", 1)[1].strip()
+
+    for node in ast.walk(ast.parse(src)):
+        if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name):
+            note(node.targets[0].id, node.lineno)
+        elif isinstance(node, ast.keyword) and node.arg:
+            note(node.arg, node.value.lineno)
+        elif isinstance(node, ast.Dict):
+            for k in node.keys:
+                if isinstance(k, ast.Constant) and isinstance(k.value, str):
+                    note(k.value, k.lineno)
+    return out
+
+
+def print_help(defaults, doc="", source=None):
+    if doc:
+        print(doc.strip() + "\n")
+    meanings = {}
+    for path in ([source] if isinstance(source, str) else source or [])[::-1]:  # the first file wins
+        meanings.update(key_comments(path))
+    print("options (--key=value; a config file path may come first):")
+    width = max((len(f"--{k}={v!r}") for k, v in defaults.items()), default=0)
+    for k, v in defaults.items():
+        print(f"  {f'--{k}={v!r}':<{width}}  {meanings.get(k, '')}".rstrip())
+
+
+def configure(defaults, argv, doc="", source=None):
+    """Return a new dict: defaults updated by config files and --key=value overrides in argv.
+    -h / --help prints `doc`, every key with its default and the comment on its line in `source`,
+    and exits 0."""
+    if "-h" in argv or "--help" in argv:
+        print_help(defaults, doc, source)
+        sys.exit(0)
     config = dict(defaults)
     for arg in argv:
         if not arg.startswith("--"):
+            if os.path.isdir(arg):
+                raise ConfigError(f"config file '{arg}' is a directory, not a Python config file")
             if not os.path.isfile(arg):
                 raise ConfigError(f"config file '{arg}' not found")
             namespace = {}

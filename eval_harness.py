@@ -22,6 +22,7 @@ from lm_eval.api.registry import register_model
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from tqdm import tqdm
 
+from common import autocast, resolve_device, resolve_dtype
 from checkpoint import CheckpointError, load_checkpoint, model_from_checkpoint
 from configurator import ConfigError, configure, die
 
@@ -46,16 +47,13 @@ class DiscoLoopLM(TemplateLM):
     def __init__(self, ckpt, n_loop=None, batch_size=16, device="auto", dtype="auto", max_gen_toks=256, **_):
         super().__init__()
         ck = load_checkpoint(ckpt) if isinstance(ckpt, str) else ckpt
-        self.dev = device if device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+        self.dev = resolve_device(device)
         self.model = model_from_checkpoint(ck).to(self.dev).eval()
         self.enc = encoding_for(ck)
         self.n_loop = int(n_loop) if n_loop not in (None, "", 0, "0") else None
         self.batch = int(batch_size)
         self.max_gen_toks = int(max_gen_toks)
-        if dtype == "auto":
-            dtype = "bfloat16" if self.dev.startswith("cuda") and torch.cuda.is_bf16_supported() else "float32"
-        self.ctx = (torch.autocast("cuda", dtype=getattr(torch, dtype)) if dtype != "float32"
-                    else torch.autocast("cpu", enabled=False))
+        self.ctx = autocast(self.dev, resolve_dtype(dtype, self.dev))
         self.max_length = self.model.config.block_size
 
     @property
@@ -166,8 +164,17 @@ def table2_row(results, tasks):
     return row
 
 
-DEFAULTS = dict(ckpt="", tasks=",".join(TABLE2), n_loop=0, batch_size=16, limit=0, device="auto", dtype="auto",
-                include_path="", json="")
+DEFAULTS = dict(
+    ckpt="",                  # checkpoint file or run folder (required)
+    tasks=",".join(TABLE2),   # comma list of lm-eval tasks (default: the paper's Table 2)
+    n_loop=0,                 # loops at evaluation (0 = the trained K)
+    batch_size=16,            # sequences per forward
+    limit=0,                  # examples per task (0 = all)
+    device="auto",            # 'auto' | 'cpu' | 'cuda' (common.py's rule)
+    dtype="auto",             # 'auto' | 'float32' | 'bfloat16'
+    include_path="",          # folder of extra task YAMLs (local tasks)
+    json="",                  # output JSON (default: eval_harness.json in the run folder)
+)
 
 
 def main(argv):
@@ -176,7 +183,7 @@ def main(argv):
         sys.argv = ["lm_eval"] + argv[1:]
         return cli_evaluate()
     try:
-        c = configure(DEFAULTS, argv)
+        c = configure(DEFAULTS, argv, __doc__, __file__)
         if not c["ckpt"]:
             raise ConfigError("--ckpt=PATH is required (a checkpoint file or run folder)")
         import lm_eval

@@ -22,10 +22,10 @@ import sys
 import time
 
 import torch
-import torch.nn.functional as F
 from torch.distributed import destroy_process_group, init_process_group
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from common import DTYPES, autocast, resolve_device, resolve_dtype
 from checkpoint import CheckpointError, config_mismatch, load_checkpoint, save_checkpoint, strip_compile_prefix
 from configurator import ConfigError, configure, die
 from model import GPT, GPTConfig
@@ -33,77 +33,77 @@ from tasks import DataError
 
 # -----------------------------------------------------------------------------
 # I/O
-out_dir = "out/symbolic"
+out_dir = "out/symbolic"     # run folder: ckpt.pt, metrics.jsonl, config.json
 eval_interval = 390          # iterations between evaluations and checkpoints (10 epochs)
-log_interval = 10
-eval_only = False
+log_interval = 10            # iterations between reading the loss back (the only host sync of a step)
+eval_only = False            # evaluate the checkpoint in out_dir once and exit
 init_from = "scratch"        # 'scratch' or 'resume' (from out_dir/ckpt.pt)
-wandb_log = False
-wandb_project = "discoloop"
-wandb_run_name = "run"
+wandb_log = False            # also log metrics to wandb
+wandb_project = "discoloop"  # wandb project name
+wandb_run_name = "run"       # wandb run name
 # data
 dataset = "symbolic"         # 'symbolic' | 'nl' | 'pretrain'
-data_dir = "data/symbolic/out"
+data_dir = "data/symbolic/out"  # prepared dataset folder (generated on first use for symbolic/nl)
 prepare_args = ""            # passed to data/<dataset>/prepare.py when data_dir is missing
 batch_size = 512             # per process and micro-step
 gradient_accumulation_steps = 1  # total over all processes, as in nanoGPT
-block_size = 8
-eval_batch_size = 2048
+block_size = 8               # longest sequence (QA: at least the longest example; pretrain: the window)
+eval_batch_size = 2048       # QA: questions per evaluation forward
 eval_iters = 50              # pretrain: validation batches per evaluation
 # model (see model.GPTConfig)
 vocab_size = 0               # embedding rows; 0 = the dataset's vocabulary (larger pads, e.g. to match a parameter count)
-n_layer = 1
-n_head = 6
-n_embd = 192
-n_hidden = 0
-dropout = 0.0
-pos_emb = "learned"
-rope_theta = 10000.0
-pos_every_loop = False
-sandwich_norm = False
-norm = "rmsnorm"
+n_layer = 1                  # blocks in f_theta (one loop)
+n_head = 6                   # attention heads
+n_embd = 192                 # model width d
+n_hidden = 0                 # MLP hidden width; 0 = 8/3 d (SwiGLU) or 4 d (GELU)
+dropout = 0.0                # dropout probability in the blocks
+pos_emb = "learned"          # 'learned' | 'rope' | 'none'
+rope_theta = 10000.0         # RoPE base
+pos_every_loop = False       # learned positions: add them before every loop, not only once
+sandwich_norm = False        # Ouro-style: also normalize each sublayer's output
+norm = "rmsnorm"             # 'rmsnorm' | 'layernorm'
 mlp = "gelu"                 # GPT-2's MLP for the symbolic base (see README: SwiGLU took the memorization route)
-bias = False
-recurrence = "disco"
-n_loop = 2
-disco_gate = "fixed"
-disco_alpha = 1.0
-disco_tau = 1.0
-disco_topk = 0
-disco_chunk = 0
-label_smoothing = 0.1
+bias = False                 # biases in Linear and LayerNorm (GPT-2 has them)
+recurrence = "disco"         # 'disco' | 'loop' | 'none' (K untied copies) | 'ponder' (PonderLM)
+n_loop = 2                   # K: applications of f_theta
+disco_gate = "fixed"         # 'fixed' (alpha = disco_alpha) | 'learned' (Eq. 5)
+disco_alpha = 1.0            # the fixed gate alpha*
+disco_tau = 1.0              # softmax temperature of Phi
+disco_topk = 0               # 0 = exact Phi over the vocabulary; k > 0 = top-k Phi (Appendix B)
+disco_chunk = 0              # positions per chunk when decoding Phi (0 = all): bounds the B x chunk x V logits
+label_smoothing = 0.1        # label smoothing of the training loss
 loss_chunk = 1024            # positions per chunk of head + cross-entropy: no (B, T, V) logits are ever built
 activation_checkpointing = "none"  # 'none' | 'block': recompute each block in backward (pretraining needs it)
 # optimizer: AdamW on everything, or Muon on the 2-D block matrices + AdamW on the rest
 optimizer = "adamw"          # 'adamw' | 'muon'
-learning_rate = 3e-3
+learning_rate = 3e-3         # peak learning rate
 max_iters = 11700           # 300 epochs of 39 iterations (20,000 examples / 512): the cosine below is cut at 2/3
                              # because test_ood decays late in the 450-epoch run (README, Results)
 weight_decay = 0.3           # matrices only
-beta1 = 0.9
-beta2 = 0.98
-adam_eps = 1e-8
+beta1 = 0.9                  # AdamW beta1 (0 <= beta1 < 1)
+beta2 = 0.98                 # AdamW beta2 (0 <= beta2 < 1)
+adam_eps = 1e-8              # AdamW epsilon (> 0)
 grad_clip = 1.0              # 0 disables
-muon_momentum = 0.95
+muon_momentum = 0.95         # Muon momentum
 ema_decay = 0.0              # > 0: also keep an exponential moving average of the weights; evaluation and probes use it
 # learning-rate schedule: linear warmup, then cosine/linear decay to min_lr at lr_decay_iters
-decay_lr = True
+decay_lr = True              # False = constant learning rate after warmup
 lr_schedule = "cosine"       # 'cosine' | 'linear'
-warmup_iters = 200
+warmup_iters = 200           # linear warmup iterations
 lr_decay_iters = 17550       # the cosine is laid out over 450 epochs
-min_lr = 3e-4
+min_lr = 3e-4                # learning rate at the end of the decay
 # system
 device = "auto"              # 'auto' | 'cpu' | 'cuda' | 'cuda:1' | 'mps'
 dtype = "auto"               # 'auto' | 'float32' | 'bfloat16' | 'float16'
-compile = False
-seed = 0
+compile = False              # torch.compile the model (a failure is reported, not silent)
+seed = 0                     # seed of weights, data order and dropout (>= 0)
 threads = 0                  # CPU threads (0 = torch default)
 peak_flops = 0.0             # per-device peak FLOP/s for MFU (0 = report TFLOP/s only; bench.py measures one)
 memory_check = True          # on CUDA: print the memory plan and stop before allocating if it does not fit
 # -----------------------------------------------------------------------------
 config_keys = [k for k, v in globals().items() if not k.startswith("_") and isinstance(v, (int, float, bool, str))]
 try:
-    globals().update(configure({k: globals()[k] for k in config_keys}, sys.argv[1:]))
+    globals().update(configure({k: globals()[k] for k in config_keys}, sys.argv[1:], __doc__, __file__))
 except ConfigError as e:
     die(e)
 config = {k: globals()[k] for k in config_keys}
@@ -124,8 +124,7 @@ if not 0 <= ema_decay < 1:
 
 # distributed setup (nanoGPT's): torchrun sets RANK, LOCAL_RANK and WORLD_SIZE
 ddp = int(os.environ.get("RANK", -1)) != -1
-if device == "auto":
-    device = "cuda" if torch.cuda.is_available() else ("mps" if torch.backends.mps.is_available() else "cpu")
+device = resolve_device(device)
 if device.startswith("cuda") and not torch.cuda.is_available():
     die(f"device={device!r} but CUDA is not available here: use --device=cpu")
 if ddp:
@@ -146,33 +145,9 @@ if threads:
     torch.set_num_threads(threads)
 
 
-def cpu_bf16_pays():
-    """bf16 autocast on a CPU is ~2x faster than fp32 on the AMD EPYC of the README's earlier runs and
-    2.5x SLOWER on a Xeon with the same avx512_bf16 flag (README), so time one small MLP fwd+bwd of each."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = f.read()
-    except OSError:
-        return False
-    if "avx512_bf16" not in flags and "amx_bf16" not in flags:
-        return False
-    x, w1, w2 = torch.randn(8192, 192), torch.randn(768, 192, requires_grad=True), torch.randn(192, 768, requires_grad=True)
-
-    def clock(enabled):
-        best = float("inf")
-        for _ in range(3):
-            t = time.perf_counter()
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=enabled):
-                y = F.linear(F.gelu(F.linear(F.rms_norm(x, (192,)), w1)), w2)
-            y.float().square().mean().backward()
-            best = min(best, time.perf_counter() - t)
-        return best
-    return clock(True) < 0.8 * clock(False)
-
-
 # -----------------------------------------------------------------------------
 # data
-data_dir = os.path.abspath(data_dir)
+data_dir = os.path.abspath(data_dir)  # prepared dataset folder (generated on first use for symbolic/nl)
 try:
     import importlib.util
     prep_path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", dataset, "prepare.py")
@@ -220,17 +195,14 @@ if init_from == "resume":
     elapsed = ckpt.get("elapsed", 0.0)  # wall time of the earlier sessions, so "time" reads as one run
 if dtype == "auto" and ckpt is not None and ckpt.get("dtype"):
     dtype = ckpt["dtype"]  # a resumed run keeps the precision it started with (bit-identical resume)
-elif dtype == "auto":  # bf16 where it pays (GPU: where supported), else fp32/fp16
-    if device_type == "cuda":
-        dtype = "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
-    else:
-        # only rank 0 measures (ranks timing at once would load the same cores); the rest take its answer
-        pays = torch.tensor([master and device_type == "cpu" and cpu_bf16_pays()], dtype=torch.uint8)
-        if ddp:
-            torch.distributed.broadcast(pays, 0)
-        dtype = "bfloat16" if pays.item() else "float32"
-ptdtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
-ctx = contextlib.nullcontext() if dtype == "float32" else torch.autocast(device_type=device_type, dtype=ptdtype)
+elif dtype == "auto":
+    # common.py's rule; under DDP only rank 0 measures (ranks timing at once would load the same cores)
+    choice = torch.tensor([list(DTYPES).index(resolve_dtype("auto", device)) if master else 0])
+    if ddp and device_type != "cuda":  # GPUs need no timing: every rank gets the same answer
+        torch.distributed.broadcast(choice, 0)
+    dtype = list(DTYPES)[choice.item()] if device_type != "cuda" else resolve_dtype("auto", device)
+ptdtype = DTYPES[dtype]
+ctx = autocast(device, dtype)
 if device_type == "cuda":
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True

@@ -26,7 +26,7 @@ def lm(ckpt):
     import datasets
     datasets.config.SLEEP_TIME_ON_THREADS_SHUTDOWN = 0
     from eval_harness import DiscoLoopLM
-    return DiscoLoopLM(ckpt, batch_size=16)
+    return DiscoLoopLM(ckpt, batch_size=16, dtype="float32")
 
 
 class Req:  # what the harness passes: an object with .args

@@ -41,8 +41,13 @@ def _load(name, path):
 sym = _load("prepare_symbolic", "data/symbolic/prepare.py")  # the graph code, reused
 tok = _load("prepare_pretrain", "data/pretrain/prepare.py")    # tiktoken loading, reused
 
-DEFAULTS = {**sym.DEFAULTS, "out_dir": os.path.join(REPO, "data", "nl", "direct"), "format": "direct",
-            "names": "census", "leading_space": True, "encoding": "gpt2", "tiktoken_file": ""}
+DEFAULTS = {**sym.DEFAULTS,
+            "out_dir": os.path.join(REPO, "data", "nl", "direct"),  # folder to write
+            "format": "direct",      # 'direct' ("a's r1's r2 is") or 'reverse' ("the r2 of the r1 of a is")
+            "names": "census",       # entity names: 'census' (one-token real names), 'census_strict', 'syllable'
+            "leading_space": True,   # every sentence starts with a space, so a name is one token everywhere
+            "encoding": "gpt2",      # tiktoken encoding of the sentences
+            "tiktoken_file": ""}     # a local GPT-2 ranks file (offline: tiktoken cannot download)
 GENERATOR_KEYS = sym.GENERATOR_KEYS + ["format", "names", "leading_space", "encoding"]
 FORMATS = ("direct", "reverse")
 # census: real first names and surnames (US Census 1990 lists, public domain; names.txt, most common
@@ -162,7 +167,7 @@ def prepare(c, enc=None):
 
 def main(argv):
     try:
-        c = configure(DEFAULTS, argv)
+        c = configure(DEFAULTS, argv, __doc__, [__file__, os.path.join(REPO, "data", "symbolic", "prepare.py")])
         verb = "kept existing" if os.path.exists(c["out_dir"]) else "wrote"
         out = prepare(c)
     except ConfigError as e:

@@ -24,10 +24,19 @@ sys.path.insert(0, REPO)
 from configurator import ConfigError, configure, die  # noqa: E402
 
 HUB_SOURCES = "hf:HuggingFaceFW/fineweb-edu:sample-10BT,hf:HuggingFaceTB/finemath:finemath-4plus"
-DEFAULTS = dict(out_dir=os.path.join(REPO, "data", "pretrain", "shards"), data_files=HUB_SOURCES,
-                weights="0.6,0.4", text_column="text", encoding="cl100k_base", tiktoken_file="",
-                max_tokens=20_000_000_000, val_tokens=10_000_000, shard_tokens=100_000_000,
-                batch_docs=1024, num_proc=8)
+DEFAULTS = dict(
+    out_dir=os.path.join(REPO, "data", "pretrain", "shards"),  # folder of token shards + meta.json
+    data_files=HUB_SOURCES,    # comma list of sources: hf:NAME:CONFIG, .parquet/.jsonl files, or synthetic:web|math
+    weights="0.6,0.4",         # token share of each source
+    text_column="text",        # the documents' text field
+    encoding="cl100k_base",    # tiktoken encoding, or 'bytes'
+    tiktoken_file="",          # a local ranks file for the encoding (offline)
+    max_tokens=20_000_000_000,  # training tokens to write
+    val_tokens=10_000_000,     # validation tokens (written first)
+    shard_tokens=100_000_000,  # tokens per shard file
+    batch_docs=1024,           # documents tokenized per batch
+    num_proc=8,                # tokenizer processes
+)
 GENERATOR_KEYS = ["data_files", "weights", "text_column", "encoding", "tiktoken_file", "val_tokens", "shard_tokens"]
 GPT2_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"  # r50k_base / gpt2.tiktoken
 # the regex tiktoken uses for GPT-2 (r50k_base); for --tiktoken_file with GPT-2 ranks
@@ -219,7 +228,7 @@ def prepare(c, enc=None):
 
 def main(argv):
     try:
-        c = configure(DEFAULTS, argv)
+        c = configure(DEFAULTS, argv, __doc__, __file__)
         meta = prepare(c)
     except ConfigError as e:
         die(e)

@@ -25,8 +25,17 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, REPO)
 from configurator import ConfigError, configure, die  # noqa: E402
 
-DEFAULTS = dict(out_dir=os.path.join(REPO, "data", "symbolic", "out"), seed=0, n_entities=500,
-                n_relations=50, out_degree=10, max_hops=2, eval_hops=0, n_train=10000, n_test=2000)
+DEFAULTS = dict(
+    out_dir=os.path.join(REPO, "data", "symbolic", "out"),  # folder to write (meta.json + one file per split)
+    seed=0,            # seed of both graphs and of the question sampling
+    n_entities=500,    # entities per graph (graph A: ID, graph B: OOD, entity-disjoint)
+    n_relations=50,    # relations, shared by the two graphs
+    out_degree=10,     # outgoing edges per entity, each with a distinct relation
+    max_hops=2,        # longest training question (2 = two-hop; 3 adds 3-hop training questions)
+    eval_hops=0,       # 0, or > max_hops: add evaluation-only splits up to this many hops
+    n_train=10000,     # graph-A training questions (split evenly over 2..max_hops hops)
+    n_test=2000,       # questions per test split
+)
 GENERATOR_KEYS = [k for k in DEFAULTS if k != "out_dir"]  # what makes two datasets the same
 
 
@@ -165,7 +174,7 @@ def prepare(c, force=False):
 
 def main(argv):
     try:
-        c = configure(DEFAULTS, argv)
+        c = configure(DEFAULTS, argv, __doc__, __file__)
         verb = "kept existing" if os.path.exists(c["out_dir"]) else "wrote"
         out = prepare(c)
     except ConfigError as e:

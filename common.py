@@ -1,0 +1,83 @@
+"""
+Device and precision, one rule for every script (train.py, bench.py, eval_harness.py, probe.py).
+
+device="auto": CUDA if present, else MPS, else CPU.
+dtype="auto":  bf16 on a GPU that has it (fp16 otherwise); on a CPU, fp32 unless bf16 autocast is
+measured to be clearly faster. CPUs differ wildly: bf16 was 2x faster than fp32 on one AMD EPYC,
+2.5x slower on a Xeon with the same avx512_bf16 flag, and 100x slower on a CPU without AVX-512.
+So a CPU with a bf16 flag times one tiny MLP forward + backward in each precision (fp32 first, and
+bf16 only once if it is already slower); a CPU without one is fp32 without timing.
+"""
+import contextlib
+import functools
+import time
+
+import torch
+import torch.nn.functional as F
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_device(device):
+    if device != "auto":
+        return device
+    if torch.cuda.is_available():
+        return "cuda"
+    return "mps" if torch.backends.mps.is_available() else "cpu"
+
+
+def cpu_has_bf16_flag():
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = f.read()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def time_mlp(dtype, reps):
+    """Best-of-reps seconds of a tiny MLP forward + backward under CPU autocast to `dtype`
+    (about 0.1 GFLOP: milliseconds in fp32, about a second where bf16 is 100x slower)."""
+    x = torch.randn(256, 128)
+    w1, w2 = torch.randn(512, 128, requires_grad=True), torch.randn(128, 512, requires_grad=True)
+    best = float("inf")
+    for _ in range(reps):
+        t = time.perf_counter()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
+            y = F.linear(F.gelu(F.linear(F.rms_norm(x, (128,)), w1)), w2)
+        y.float().square().mean().backward()
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+def pick_cpu_dtype(has_flag, timer=time_mlp):
+    """'bfloat16' only where it is measured to be >= 1.25x faster than fp32, else 'float32'."""
+    if not has_flag:
+        return "float32"
+    fp32 = timer(torch.float32, 5)
+    if timer(torch.bfloat16, 1) >= fp32:  # one slow try settles it (no 5 slow repeats)
+        return "float32"
+    return "bfloat16" if timer(torch.bfloat16, 4) * 1.25 < fp32 else "float32"
+
+
+@functools.lru_cache(maxsize=None)
+def auto_cpu_dtype():
+    return pick_cpu_dtype(cpu_has_bf16_flag())
+
+
+def resolve_dtype(dtype, device):
+    """'auto' -> a concrete dtype name for this device (see the module docstring)."""
+    if dtype != "auto":
+        return dtype
+    if device.startswith("cuda"):
+        return "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
+    if device.startswith("cpu"):
+        return auto_cpu_dtype()
+    return "float32"
+
+
+def autocast(device, dtype):
+    """Autocast context for a resolved dtype name; a no-op for float32."""
+    if dtype == "float32":
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.split(":")[0], dtype=DTYPES[dtype])
