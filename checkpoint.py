@@ -33,19 +33,26 @@ def save_checkpoint(obj, path):
         os.close(dir_fd)
 
 
-def load_checkpoint(path, map_location="cpu"):
+RESUME_KEYS = ("model", "model_args", "optimizers", "config", "iter_num", "rng_cpu")
+
+
+def load_checkpoint(path, map_location="cpu", required=("model", "model_args")):
     if os.path.isdir(path):
         path = os.path.join(path, "ckpt.pt")
     if not os.path.isfile(path):
         raise CheckpointError(f"checkpoint '{path}' not found")
     try:
         ckpt = torch.load(path, map_location=map_location, weights_only=True)
-    except Exception as e:  # truncated, foreign or code-carrying pickles all end here
-        raise CheckpointError(f"'{path}' is not a readable checkpoint ({type(e).__name__}: "
-                              f"{str(e).splitlines()[0][:200]})") from None
-    for key in ("model", "model_args"):
+    except Exception as e:  # empty, truncated, foreign or code-carrying pickles all end here
+        first = (str(e).strip().splitlines() or ["no detail"])[0]
+        if "weights_only" in first or "Weights only load failed" in first:
+            first = "it holds objects other than tensors and plain values"  # never advise weights_only=False
+        size = os.path.getsize(path)
+        raise CheckpointError(f"'{path}' is not a readable checkpoint ({size} bytes; {type(e).__name__}: "
+                              f"{first[:200]})") from None
+    for key in required:
         if not isinstance(ckpt, dict) or key not in ckpt:
-            raise CheckpointError(f"'{path}' is not a discoloop checkpoint (no '{key}' entry)")
+            raise CheckpointError(f"'{path}' is not a complete discoloop checkpoint (no '{key}' entry)")
     return ckpt
 
 

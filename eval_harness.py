@@ -194,8 +194,16 @@ def main(argv):
         unknown = [t for t in tasks if t not in tm.all_tasks]
         if unknown:
             raise ConfigError(f"unknown task(s) {unknown}; see `lm_eval --tasks list` or pass --include_path")
-        res = lm_eval.simple_evaluate(model=lm, tasks=tasks, task_manager=tm, num_fewshot=0,
-                                      limit=c["limit"] or None)
+        try:
+            res = lm_eval.simple_evaluate(model=lm, tasks=tasks, task_manager=tm, num_fewshot=0,
+                                          limit=c["limit"] or None)
+        except Exception as e:  # the task data comes from the hub: offline, the download fails
+            name = type(e).__name__
+            if not (isinstance(e, OSError) or any(w in name for w in ("Connection", "Offline", "Hub", "NotFound"))):
+                raise
+            raise ConfigError(f"the data of task(s) {tasks} could not be loaded ({name}; offline?): it must be in "
+                              "the local Hugging Face cache (run once with network, then HF_DATASETS_OFFLINE=1), "
+                              "or pass local task YAMLs with --include_path") from None
     except (ConfigError, CheckpointError) as e:
         die(e)
     row = table2_row(res["results"], tasks)

@@ -29,6 +29,9 @@ NORMS = ("rms", "unit", "none")
 
 def load(ckpt_path, data_dir=None, raw=False):
     ckpt = load_checkpoint(ckpt_path)
+    if ckpt.get("config", {}).get("dataset") == "pretrain" or "encoding" in ckpt.get("data_config", {}):
+        raise CheckpointError(f"'{ckpt_path}' was trained on token shards: probe.py probes question-answer "
+                              "checkpoints (symbolic, nl); evaluate a pretraining run with eval_harness.py")
     model = model_from_checkpoint(ckpt, use_ema=not raw).eval()
     data_dir = data_dir or ckpt["config"]["data_dir"]
     data = QAData(data_dir)
@@ -282,18 +285,22 @@ class Parser(argparse.ArgumentParser):
 
 
 def main(argv):
-    ap = Parser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("command", choices=["acc", "lens", "sweep", "gate", "plot"])
-    ap.add_argument("dirs", nargs="*", help="run folders (plot)")
-    ap.add_argument("--ckpt", help="checkpoint file or run folder")
-    ap.add_argument("--data_dir", help="dataset folder (default: the one in the checkpoint)")
-    ap.add_argument("--n_loop", default="", help="comma-separated loop counts for acc (default 1..K+1)")
-    ap.add_argument("--norm", default="rms", choices=NORMS)
-    ap.add_argument("--alphas", default="0,0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9,1.0")
-    ap.add_argument("--png", default="")
-    ap.add_argument("--json", default="")
+    ap = Parser(description=__doc__.split("\n\n")[0] + "\n\n" + __doc__.split("\n\n")[1],
+                formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("command", choices=["acc", "lens", "sweep", "gate", "plot"],
+                    help="acc: Table 1(a); lens: Table 1(b); sweep: Fig. 2; gate: the learned gate; plot: curves")
+    ap.add_argument("dirs", nargs="*", help="run folders (plot only)")
+    ap.add_argument("--ckpt", default="", help="checkpoint file or run folder (every command but plot)")
+    ap.add_argument("--data_dir", default="", help="dataset folder (default: the one in the checkpoint)")
+    ap.add_argument("--n_loop", default="", help="acc: comma-separated loop counts (default: 1..K+1)")
+    ap.add_argument("--norm", default="rms", choices=NORMS,
+                    help="sweep: Norm of Eq. (2): rms (match the hidden state's RMS), unit, none (default: rms)")
+    ap.add_argument("--alphas", default="0,0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9,1.0",
+                    help="sweep: comma-separated intervention strengths (default: 0 to 1 by 0.1)")
+    ap.add_argument("--png", default="", help="sweep, plot: write a figure here")
+    ap.add_argument("--json", default="", help="output JSON (default: OUT_DIR/probe_<command>.json)")
     ap.add_argument("--raw", action="store_true", help="probe the raw weights, not the weight average (EMA)")
-    ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=0, help="CPU threads (default 0: torch's choice)")
     a = ap.parse_args(argv)
     if a.threads:
         torch.set_num_threads(a.threads)

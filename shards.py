@@ -14,15 +14,22 @@ from tasks import DataError
 
 class TokenShards:
     def __init__(self, data_dir, split):
+        self.data_dir = data_dir
         meta_path = os.path.join(data_dir, "meta.json")
         if not os.path.isfile(meta_path):
             raise DataError(f"no prepared token shards at '{data_dir}' (missing meta.json)")
-        with open(meta_path) as f:
-            self.meta = json.load(f)
-        files = self.meta["shards"].get(split, [])
+        try:
+            with open(meta_path) as f:
+                self.meta = json.load(f)
+            files = self.meta["shards"].get(split, [])
+            dtype = np.dtype(self.meta["dtype"])
+            self.meta["vocab_size"]
+        except json.JSONDecodeError as e:
+            raise DataError(f"'{meta_path}' is not valid JSON ({e.msg} at line {e.lineno}): prepare the shards again") from None
+        except (KeyError, TypeError, AttributeError) as e:
+            raise DataError(f"'{meta_path}' lacks {e} (not a complete shard index): prepare the shards again") from None
         if not files:
             raise DataError(f"'{data_dir}' has no '{split}' shards")
-        dtype = np.dtype(self.meta["dtype"])
         self.arrays = []
         for name, n_tokens in files:
             path = os.path.join(data_dir, name)
@@ -31,8 +38,18 @@ class TokenShards:
             if os.path.getsize(path) != n_tokens * dtype.itemsize:
                 raise DataError(f"shard '{path}' is truncated: {os.path.getsize(path)} bytes, "
                                 f"expected {n_tokens * dtype.itemsize}")
-            self.arrays.append(np.memmap(path, dtype=dtype, mode="r"))
+            arr = np.memmap(path, dtype=dtype, mode="r")
+            # every token checked once here, not only the windows a run happens to sample
+            top = max((int(arr[i:i + 2**24].max()) for i in range(0, len(arr), 2**24)), default=0)
+            if top >= self.meta["vocab_size"]:
+                raise DataError(f"shard '{path}' holds token id {top}, outside the vocabulary ({self.meta['vocab_size']})")
+            self.arrays.append(arr)
         self.sizes = np.array([len(a) for a in self.arrays])
+
+    def check_window(self, block_size):
+        if (self.sizes <= block_size).all():
+            raise DataError(f"block_size={block_size} is longer than every shard of '{self.data_dir}' "
+                            f"(the longest holds {self.sizes.max()} tokens): lower block_size")
 
     @property
     def vocab_size(self):

@@ -8,6 +8,7 @@ spaces. The answer is the last token, or everything after a tab when the line ha
 answers). Loss and accuracy cover only the answer tokens.
 """
 import contextlib
+import hashlib
 import json
 import os
 
@@ -30,22 +31,37 @@ def load_meta(data_dir):
         raise DataError(f"'{path}' is not valid JSON ({e.msg} at line {e.lineno})") from None
 
 
-def encode_split(path, stoi):
-    """-> (X, Y) long tensors (N, T): inputs right-padded with 0, targets -1 except answer tokens."""
+def read_verified(path, expected):
+    """The lines of a split file, after checking them against meta.json's count and sha256."""
     if not os.path.isfile(path):
         raise DataError(f"split file '{path}' is missing")
+    with open(path, "rb") as f:
+        raw = f.read()
+    if expected is None:
+        raise DataError(f"'{path}' has no checksum in meta.json (prepared by an older version): "
+                        "delete the folder and prepare it again")
+    lines = raw.count(b"\n")
+    if lines != expected["lines"] or hashlib.sha256(raw).hexdigest() != expected["sha256"]:
+        raise DataError(f"'{path}' does not match meta.json ({lines} lines, expected "
+                        f"{expected['lines']}; or its checksum differs): the file is cut or changed, prepare it again")
+    try:
+        return raw.decode("utf-8").splitlines()
+    except UnicodeDecodeError:
+        raise DataError(f"'{path}' is not UTF-8 text") from None
+
+
+def encode_split(path, stoi, expected=None):
+    """-> (X, Y) long tensors (N, T): inputs right-padded with 0, targets -1 except answer tokens."""
     rows = []
-    with open(path) as f:
-        for lineno, line in enumerate(f, 1):
-            line = line.rstrip("\n")
-            question, _, answer = line.partition("\t") if "\t" in line else line.rpartition(" ")
-            q, a = question.split(), answer.split()
-            if not q or not a:
-                raise DataError(f"{path}:{lineno}: expected a question and an answer, got {line!r}")
-            try:
-                rows.append(([stoi[t] for t in q], [stoi[t] for t in a]))
-            except KeyError as e:
-                raise DataError(f"{path}:{lineno}: token {e.args[0]!r} is not in the vocabulary") from None
+    for lineno, line in enumerate(read_verified(path, expected), 1):
+        question, _, answer = line.partition("\t") if "\t" in line else line.rpartition(" ")
+        q, a = question.split(), answer.split()
+        if not q or not a:
+            raise DataError(f"{path}:{lineno}: expected a question and an answer, got {line!r}")
+        try:
+            rows.append(([stoi[t] for t in q], [stoi[t] for t in a]))
+        except KeyError as e:
+            raise DataError(f"{path}:{lineno}: token {e.args[0]!r} is not in the vocabulary") from None
     if not rows:
         raise DataError(f"split file '{path}' is empty")
     T = max(len(q) + len(a) - 1 for q, a in rows)
@@ -69,7 +85,8 @@ class QAData:
         self.data_dir = data_dir
         self.meta = load_meta(data_dir)
         self.stoi = {t: i for i, t in enumerate(self.meta["vocab"])}
-        self.splits = {s: encode_split(os.path.join(data_dir, info["file"]), self.stoi)
+        sums = self.meta.get("checksums", {})
+        self.splits = {s: encode_split(os.path.join(data_dir, info["file"]), self.stoi, sums.get(info["file"]))
                        for s, info in self.meta["splits"].items()}
         self.train_splits = [s for s, info in self.meta["splits"].items() if info["train"]]
         if not self.train_splits:

@@ -26,7 +26,7 @@ from torch.distributed import destroy_process_group, init_process_group
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from common import DTYPES, autocast, resolve_device, resolve_dtype
-from checkpoint import CheckpointError, config_mismatch, load_checkpoint, save_checkpoint, strip_compile_prefix
+from checkpoint import RESUME_KEYS, CheckpointError, config_mismatch, load_checkpoint, save_checkpoint, strip_compile_prefix
 from configurator import ConfigError, configure, die
 from model import GPT, GPTConfig
 from tasks import DataError
@@ -117,14 +117,37 @@ for key, allowed in (("dataset", ("symbolic", "nl", "pretrain")), ("init_from", 
 for key in ("batch_size", "gradient_accumulation_steps", "eval_interval", "log_interval", "eval_batch_size", "eval_iters"):
     if config[key] < 1:
         die(f"{key}={config[key]} must be >= 1")
+for key in ("learning_rate", "min_lr", "weight_decay", "grad_clip", "beta1", "beta2", "adam_eps", "ema_decay",
+            "muon_momentum", "peak_flops", "rope_theta", "disco_alpha", "disco_tau"):
+    if not math.isfinite(config[key]):
+        die(f"{key}={config[key]} is invalid: allowed a finite number")
 if max_iters < 0 or learning_rate <= 0 or min_lr < 0 or grad_clip < 0 or weight_decay < 0:
     die("max_iters, weight_decay, min_lr and grad_clip must be >= 0 and learning_rate > 0")
+for key, ok, allowed in (("seed", seed >= 0, "an integer >= 0"), ("threads", threads >= 0, "0 (torch default) or >= 1"),
+                         ("beta1", 0 <= beta1 < 1, "0 <= beta1 < 1"), ("beta2", 0 <= beta2 < 1, "0 <= beta2 < 1"),
+                         ("adam_eps", adam_eps > 0, "a number > 0"), ("out_dir", out_dir.strip() != "", "a folder path"),
+                         ("warmup_iters", warmup_iters >= 0, "an integer >= 0")):
+    if not ok:
+        die(f"{key}={config[key]!r} is invalid: allowed {allowed}")
+if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+    die(f"out_dir={out_dir!r} is an existing file, not a folder")
+try:  # fail now, not at the first checkpoint
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, f".write-test-{os.getpid()}"), "w"):
+        pass
+    os.remove(os.path.join(out_dir, f".write-test-{os.getpid()}"))
+except OSError as e:
+    die(f"out_dir={out_dir!r} is not writable ({e.strerror})")
 if not 0 <= ema_decay < 1:
     die(f"ema_decay={ema_decay} is invalid: allowed 0 (off) or 0 < ema_decay < 1")
 
 # distributed setup (nanoGPT's): torchrun sets RANK, LOCAL_RANK and WORLD_SIZE
 ddp = int(os.environ.get("RANK", -1)) != -1
 device = resolve_device(device)
+if not (device in ("cpu", "cuda", "mps") or (device.startswith("cuda:") and device[5:].isdigit())):
+    die(f"device={device!r} is invalid: allowed 'auto', 'cpu', 'cuda', 'cuda:N' or 'mps'")
+if device == "mps" and not torch.backends.mps.is_available():
+    die("device='mps' but MPS is not available here: use --device=cpu")
 if device.startswith("cuda") and not torch.cuda.is_available():
     die(f"device={device!r} but CUDA is not available here: use --device=cpu")
 if ddp:
@@ -163,6 +186,8 @@ try:
     if dataset == "pretrain":
         from shards import TokenShards
         train_data, val_data = TokenShards(data_dir, "train"), TokenShards(data_dir, "val")
+        train_data.check_window(block_size)
+        val_data.check_window(block_size)
         data_vocab, data_config = train_data.vocab_size, train_data.meta.get("config", {})
     else:
         from tasks import QAData, evaluate_splits
@@ -184,10 +209,11 @@ ckpt_path = os.path.join(out_dir, "ckpt.pt")
 iter_num, ckpt, elapsed = 0, None, 0.0
 if init_from == "resume":
     try:
-        ckpt = load_checkpoint(ckpt_path)
+        ckpt = load_checkpoint(ckpt_path, required=RESUME_KEYS)
     except CheckpointError as e:
         die(e)
     why = config_mismatch(ckpt["model_args"], config, model_fields) \
+        or config_mismatch(ckpt["config"], config, ["optimizer"]) \
         or config_mismatch(ckpt.get("data_config", {}), data_config, list(data_config))
     if why:
         die(f"cannot resume from {ckpt_path}: {why}")

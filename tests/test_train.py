@@ -167,11 +167,23 @@ def test_resume_with_other_model_or_data_refused(tiny_data, tmp_path):
     assert r.returncode == 2 and "seed" in r.stderr, r.stderr
 
 
+def cut(path, how):
+    with open(path, "rb") as f:
+        b = f.read()
+    with open(path, "wb") as f:
+        f.write(how(b))
+
+
 @pytest.mark.parametrize("damage,needle", [
     (lambda d: os.remove(os.path.join(d, "test_ood.txt")), "is missing"),
-    (lambda d: open(os.path.join(d, "test_id.txt"), "a").write("e1 r1 zz9 e2\n"), "'zz9' is not in the vocabulary"),
-    (lambda d: open(os.path.join(d, "train_id.txt"), "w").close(), "is empty"),
+    (lambda d: open(os.path.join(d, "test_id.txt"), "a").write("e1 r1 zz9 e2\n"), "does not match meta.json"),
+    (lambda d: open(os.path.join(d, "train_id.txt"), "w").close(), "does not match meta.json"),
     (lambda d: open(os.path.join(d, "meta.json"), "w").write("{"), "not valid JSON"),
+    # silent wrong data: a file cut mid-line ('e20 r31 r36' would read as question 'e20 r31', answer 'r36'),
+    # a file cut at a line boundary (half the data), a file of random bytes
+    (lambda d: cut(os.path.join(d, "train_id.txt"), lambda b: b[:b.rindex(b" ")]), "does not match meta.json"),
+    (lambda d: cut(os.path.join(d, "train_id.txt"), lambda b: b[:b.index(b"\n", len(b) // 2) + 1]), "does not match meta.json"),
+    (lambda d: cut(os.path.join(d, "test_ood.txt"), lambda b: os.urandom(len(b))), "does not match meta.json"),
 ])
 def test_damaged_dataset_one_line(tiny_data, tmp_path, damage, needle):
     import shutil

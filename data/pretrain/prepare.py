@@ -76,6 +76,9 @@ def get_encoding(c):
     except ValueError:
         raise ConfigError(f"encoding={c['encoding']!r} is not a tiktoken encoding: "
                           f"allowed {tiktoken.list_encoding_names()}") from None
+    except Exception as e:  # tiktoken downloads its ranks on first use: offline, requests raises
+        raise ConfigError(f"encoding={c['encoding']!r} could not be downloaded ({type(e).__name__}; offline?): "
+                          "pass --tiktoken_file=PATH to a local ranks file") from None
 
 
 def synthetic_documents(kind, seed=0):
@@ -201,10 +204,14 @@ def prepare(c, enc=None):
             if old_pending and old_pending != pending:
                 os.remove(os.path.join(out, old_pending))
 
+    quota = weights * budget  # each source's token share (reported when a source runs out)
+    names = c["data_files"].split(",")
     while written + len(buf) < budget and any(alive):
         i = int(np.argmin(np.where(alive, tokens / weights, np.inf)))  # furthest below its token share
         texts = [t for _, t in zip(range(c["batch_docs"]), iters[i])]
-        if not texts:
+        if not texts:  # the others fill the rest: said loudly, and the realized mix is printed at the end
+            print(f"warning: source {names[i]!r} ran out after {int(tokens[i]):,} tokens, before its share of "
+                  f"{int(quota[i]):,}", file=sys.stderr)
             alive[i] = False
             continue
         ids = enc.encode_ordinary_batch(texts, num_threads=c["num_proc"])
@@ -233,6 +240,9 @@ def main(argv):
     except ConfigError as e:
         die(e)
     n = {s: sum(k for _, k in v) for s, v in meta["shards"].items()}
+    total = sum(meta["source_tokens"])
+    for name, t in zip(c["data_files"].split(","), meta["source_tokens"]):
+        print(f"{name}: {int(t):,} tokens ({t / total:.1%})")
     print(f"wrote {c['out_dir']}: {n['train']:,} train and {n['val']:,} val tokens, "
           f"{len(meta['shards']['train'])} train shards, {meta['dtype']}, vocab {meta['vocab_size']}")
 

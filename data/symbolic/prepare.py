@@ -14,6 +14,7 @@ Output: OUT/meta.json (vocab, entities, relations, splits, config) and one text 
 one example per line, whitespace-separated tokens, answer last. Split names: train_atom,
 train_id, test_id, test_ood for 2 hops; k > 2 hops add the suffix _{k}hop (train_id_3hop, ...).
 """
+import hashlib
 import json
 import os
 import shutil
@@ -132,6 +133,9 @@ def write_dataset(out_dir, files, meta):
     tmp = f"{out_dir.rstrip('/')}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
+    # example count and checksum of every file: loading verifies them (a cut file is never read as data)
+    meta = {**meta, "checksums": {name: {"lines": text.count("\n"), "sha256": hashlib.sha256(text.encode()).hexdigest()}
+                                  for name, text in files.items()}}
     for name, text in files.items():
         with open(os.path.join(tmp, name), "w") as f:
             f.write(text)
@@ -158,6 +162,12 @@ def existing_config_mismatch(out_dir, config, keys):
     return None
 
 
+def has_checksums(out_dir):
+    """False for a folder written before meta.json recorded checksums: prepare it again (deterministic)."""
+    with open(os.path.join(out_dir, "meta.json")) as f:
+        return "checksums" in json.load(f)
+
+
 def prepare(c, force=False):
     """Prepare the dataset described by config dict c into c['out_dir'] (no-op if it is there)."""
     out_dir = c["out_dir"]
@@ -165,7 +175,8 @@ def prepare(c, force=False):
         why = existing_config_mismatch(out_dir, c, GENERATOR_KEYS)
         if why:
             raise ConfigError(why + " (delete it or choose another out_dir)")
-        return out_dir
+        if has_checksums(out_dir):
+            return out_dir
     splits, meta, _ = build(c)
     files = {f"{s}.txt": "".join(" ".join(ex) + "\n" for ex in exs) for s, exs in splits.items()}
     write_dataset(out_dir, files, meta)

@@ -1,0 +1,142 @@
+"""A new user's first contact: --help everywhere, one-line errors (exit 2) for bad input, and the
+shared device/dtype rule."""
+import json
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from common import pick_cpu_dtype
+from conftest import run, tiny_train_args
+
+SCRIPTS = [["train.py"], ["eval_harness.py"], ["bench.py"], ["bench.py", "plan"], ["bench.py", "breaks"],
+           ["data/symbolic/prepare.py"], ["data/nl/prepare.py"], ["data/pretrain/prepare.py"]]
+
+
+@pytest.mark.parametrize("flag", ["--help", "-h"])
+@pytest.mark.parametrize("script", SCRIPTS, ids=" ".join)
+def test_help_lists_every_key_with_a_meaning(script, flag):
+    r = run(script + [flag])
+    assert r.returncode == 0, r.stderr
+    options = r.stdout.split("options (--key=value", 1)[1].splitlines()[1:]
+    assert options and all(line.startswith("  --") for line in options)
+    bare = [line.split()[0] for line in options if len(line.split()) < 2]
+    assert not bare, f"keys without a meaning: {bare}"
+
+
+@pytest.mark.parametrize("cmd", ["acc", "lens", "sweep", "gate", "plot"])
+def test_probe_help_per_command(cmd):
+    for flag in ("--help", "-h"):
+        r = run(["probe.py", cmd, flag])
+        assert r.returncode == 0 and "--ckpt" in r.stdout and "--norm" in r.stdout
+
+
+def one_line(r, *needles):
+    err = r.stderr.strip()
+    assert r.returncode == 2 and len(err.splitlines()) == 1 and "Traceback" not in err, r.stderr[-2000:]
+    for n in needles:
+        assert n in err, err
+
+
+@pytest.mark.parametrize("extra,needle", [
+    (["--device=foo"], "device='foo'"), (["--device=mps"], "mps"), (["--seed=-1"], "seed=-1"),
+    (["--threads=-1"], "threads=-1"), (["--beta1=1.5"], "beta1=1.5"), (["--adam_eps=-1"], "adam_eps=-1"),
+    (["--out_dir="], "out_dir=''"), (["--learning_rate=1e999"], "learning_rate=inf"),
+])
+def test_bad_values_one_line(tiny_data, tmp_path, extra, needle):
+    args = [a for a in tiny_train_args(tiny_data, str(tmp_path / "run")) if not a.startswith("--out_dir")] \
+        + ([f"--out_dir={tmp_path / 'run'}"] if not any(e.startswith("--out_dir") for e in extra) else []) + extra
+    one_line(run(args), needle)
+
+
+def test_nan_from_config_file_and_bad_paths(tiny_data, tmp_path):
+    cfg = tmp_path / "c.py"
+    cfg.write_text("learning_rate = float('inf')\n")
+    one_line(run(tiny_train_args(tiny_data, str(tmp_path / "r1")) + [str(cfg)]), "learning_rate=inf")
+    one_line(run(["train.py", str(tmp_path)]), "is a directory")
+    f = tmp_path / "afile"
+    f.write_text("x")
+    one_line(run(tiny_train_args(tiny_data, str(f))), "existing file")
+
+
+def test_checkpoint_damage_one_line(tiny_data, tmp_path):
+    out = tmp_path / "run"
+    assert run(tiny_train_args(tiny_data, str(out), "--max_iters=5", "--eval_interval=5")).returncode == 0
+    ckpt = out / "ckpt.pt"
+    good = torch.load(ckpt, weights_only=True)
+    one_line(run(tiny_train_args(tiny_data, str(out), "--init_from=resume", "--optimizer=muon", "--max_iters=6")),
+             "optimizer")
+    for key in ("iter_num", "config"):
+        torch.save({k: v for k, v in good.items() if k != key}, ckpt)
+        one_line(run(tiny_train_args(tiny_data, str(out), "--init_from=resume", "--max_iters=6")), f"'{key}'")
+    torch.save({**good, "x": object()}, ckpt)  # not loadable with weights_only
+    r = run(tiny_train_args(tiny_data, str(out), "--init_from=resume", "--max_iters=6"))
+    one_line(r, "not a readable checkpoint")
+    assert "weights_only=False" not in r.stderr
+    ckpt.write_bytes(b"")
+    one_line(run(tiny_train_args(tiny_data, str(out), "--init_from=resume", "--max_iters=6")), "0 bytes")
+    one_line(run(["probe.py", "acc", f"--ckpt={out}"]), "not a readable checkpoint")
+
+
+def shards(tmp_path, tokens, vocab=50, meta_extra=None):
+    d = tmp_path / "shards"
+    d.mkdir()
+    np.asarray(tokens, dtype=np.uint16).tofile(d / "train_000000.bin")
+    np.asarray(tokens, dtype=np.uint16).tofile(d / "val_000000.bin")
+    meta = {"dtype": "uint16", "vocab_size": vocab, "eot": 0, "encoding": "bytes",
+            "shards": {"train": [["train_000000.bin", len(tokens)]], "val": [["val_000000.bin", len(tokens)]]}}
+    (d / "meta.json").write_text(json.dumps({**meta, **(meta_extra or {})}))
+    return str(d)
+
+
+PRETRAIN = ["train.py", "config/pretrain_tiny.py", "--dtype=float32", "--threads=1", "--max_iters=2", "--n_embd=32",
+            "--n_loop=2", "--disco_topk=8", "--block_size=16"]
+
+
+@pytest.mark.parametrize("case,needle", [
+    ("bad_id", "holds token id 99"), ("short", "block_size=16 is longer than every shard"),
+    ("no_shards", "lacks 'shards'"), ("cut_meta", "not valid JSON"),
+])
+def test_shard_problems_one_line(tmp_path, case, needle):
+    toks = list(np.arange(200) % 50)
+    if case == "bad_id":
+        toks[150] = 99  # far from any window a short run would sample
+    d = shards(tmp_path, toks[:10] if case == "short" else toks)
+    if case == "no_shards":
+        meta = json.loads(open(f"{d}/meta.json").read())
+        del meta["shards"]
+        open(f"{d}/meta.json", "w").write(json.dumps(meta))
+    if case == "cut_meta":
+        text = open(f"{d}/meta.json").read()
+        open(f"{d}/meta.json", "w").write(text[:len(text) // 2])
+    one_line(run(PRETRAIN + [f"--data_dir={d}", f"--out_dir={tmp_path / 'run'}"]), needle)
+
+
+def test_probe_on_a_pretraining_checkpoint(tmp_path):
+    d = shards(tmp_path, list(np.arange(400) % 50))
+    out = tmp_path / "run"
+    assert run(PRETRAIN + [f"--data_dir={d}", f"--out_dir={out}", "--eval_iters=1", "--eval_interval=2"]).returncode == 0
+    one_line(run(["probe.py", "lens", f"--ckpt={out}"]), "trained on token shards")
+
+
+def test_offline_downloads_name_the_way_out(tmp_path):
+    env = {"TIKTOKEN_CACHE_DIR": str(tmp_path / "empty_cache"), "HTTPS_PROXY": "http://127.0.0.1:9",
+           "HTTP_PROXY": "http://127.0.0.1:9"}
+    r = run(["data/nl/prepare.py", f"--out_dir={tmp_path / 'nl'}"], env=env)
+    one_line(r, "--tiktoken_file")
+
+
+def test_auto_dtype_rule():
+    """fp32 unless bf16 is measured clearly faster; no bf16 flag, no timing at all."""
+    def timer(speed):
+        return lambda dtype, reps: 1.0 if dtype == torch.float32 else 1.0 / speed
+    assert pick_cpu_dtype(True, timer(2.0)) == "bfloat16"     # the EPYC
+    assert pick_cpu_dtype(True, timer(0.4)) == "float32"      # the Xeon: 2.5x slower
+    assert pick_cpu_dtype(True, timer(0.01)) == "float32"     # no AVX-512: 100x slower
+    assert pick_cpu_dtype(True, timer(1.1)) == "float32"      # not clearly faster
+    calls = []
+    assert pick_cpu_dtype(False, lambda d, r: calls.append(d) or 1.0) == "float32" and not calls
+    slow = []
+    pick_cpu_dtype(True, lambda d, r: slow.append((d, r)) or (1.0 if d == torch.float32 else 100.0))
+    assert slow == [(torch.float32, 5), (torch.bfloat16, 1)]  # one slow try, no repeats
