@@ -29,7 +29,7 @@ NORMS = ("rms", "unit", "none")
 
 def load(ckpt_path, data_dir=None, raw=False):
     ckpt = load_checkpoint(ckpt_path)
-    if ckpt.get("config", {}).get("dataset") == "pretrain" or "encoding" in ckpt.get("data_config", {}):
+    if ckpt.get("config", {}).get("dataset") == "pretrain":
         raise CheckpointError(f"'{ckpt_path}' was trained on token shards: probe.py probes question-answer "
                               "checkpoints (symbolic, nl); evaluate a pretraining run with eval_harness.py")
     model = model_from_checkpoint(ckpt, use_ema=not raw).eval()
