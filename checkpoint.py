@@ -1,12 +1,16 @@
 """
-Checkpoints: written atomically, loaded without running code.
+Checkpoints and the run folder: written atomically, loaded without running code, one run at a time.
 
 A checkpoint is a dict of tensors and plain Python values only: model and optimizer state, the
 GPTConfig fields (`model_args`), the full training config, iteration, RNG states and the
 dataset's generating config. `torch.load(weights_only=True)` therefore suffices, so loading
 someone else's file cannot execute their code.
 """
+import fcntl
+import glob
+import json
 import os
+import sys
 
 import torch
 
@@ -18,14 +22,21 @@ class CheckpointError(ValueError):
 
 
 def save_checkpoint(obj, path):
-    """temp file + fsync + rename: a kill at any moment leaves either the old or the new file."""
+    """temp file + fsync + rename: a kill at any moment leaves either the old or the new file. A
+    failed write (disk full) removes its temp file and raises a one-line CheckpointError."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "wb") as f:
-        torch.save(obj, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except (OSError, RuntimeError) as e:  # torch.save reports a full disk as RuntimeError
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        reason = getattr(e, "strerror", None) or (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        raise CheckpointError(f"could not write '{path}' ({reason}); the previous checkpoint, if any, is kept") from None
     dir_fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
     try:
         os.fsync(dir_fd)  # make the rename itself durable
@@ -54,6 +65,52 @@ def load_checkpoint(path, map_location="cpu", required=("model", "model_args")):
         if not isinstance(ckpt, dict) or key not in ckpt:
             raise CheckpointError(f"'{path}' is not a complete discoloop checkpoint (no '{key}' entry)")
     return ckpt
+
+
+def lock_run_folder(out_dir):
+    """Hold an exclusive lock on out_dir for the life of this process, so that two runs never share
+    a folder. The kernel drops the lock when the holder dies, so a killed run never blocks the next.
+    Then remove temp files of earlier, dead runs (holding the lock, no live run can own one)."""
+    path = os.path.join(out_dir, "run.lock")
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        raise CheckpointError(f"out_dir '{out_dir}' is in use by another run (PID {holder}): wait for it, stop it, "
+                              "or choose another out_dir") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, str(os.getpid()).encode(), 0)
+    for tmp in glob.glob(os.path.join(out_dir, "*.tmp-*")):
+        os.remove(tmp)
+    return fd  # keep it open: closing it releases the lock
+
+
+def read_metrics(path):
+    """Rows of a metrics.jsonl. A torn line (a crash or a full disk during the append) is skipped
+    with a warning instead of blocking the run or the plot."""
+    rows = []
+    if not os.path.exists(path):
+        return rows
+    with open(path) as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                print(f"warning: {path}:{lineno} is a torn line, skipped", file=sys.stderr)
+    return rows
+
+
+def append_metrics(path, row):
+    """One write of one whole line, so readers never see half a row from a live run."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, (json.dumps(row) + "\n").encode())
+    finally:
+        os.close(fd)
 
 
 def strip_compile_prefix(state_dict):

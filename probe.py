@@ -19,7 +19,7 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from checkpoint import CheckpointError, config_mismatch, load_checkpoint, model_from_checkpoint
+from checkpoint import CheckpointError, config_mismatch, load_checkpoint, model_from_checkpoint, read_metrics
 from configurator import die
 from tasks import DataError, QAData, accuracy
 
@@ -237,8 +237,7 @@ def cmd_plot(dirs, png):
         path = os.path.join(d, "metrics.jsonl")
         if not os.path.isfile(path):
             raise DataError(f"no metrics.jsonl in '{d}'")
-        with open(path) as f:
-            ms = [json.loads(line) for line in f if line.strip()]
+        ms = read_metrics(path)
         cfg_path = os.path.join(d, "config.json")
         label = os.path.basename(os.path.normpath(d))
         flat = False

@@ -144,10 +144,13 @@ def accuracy(model, X, Y, n_loop=None, batch_size=2048, hook=None, stage1=False,
     return right / len(X), (right1 / len(X) if stage1 else None)
 
 
-def evaluate_splits(model, data, n_loop=None, batch_size=2048, device="cpu", ctx=None):
-    """{'acc/<split>': final accuracy, 'acc1/<split>': Stage-1 accuracy} for every split."""
+def evaluate_splits(model, data, n_loop=None, batch_size=2048, device="cpu", ctx=None, should_stop=None):
+    """{'acc/<split>': final accuracy, 'acc1/<split>': Stage-1 accuracy} for every split; None if
+    should_stop() turns true between splits (an interrupted evaluation is abandoned)."""
     out = {}
     for s, (X, Y) in data.splits.items():
+        if should_stop is not None and should_stop():
+            return None
         acc, acc1 = accuracy(model, X, Y, n_loop=n_loop, batch_size=batch_size, stage1=True,
                              device=device, ctx=ctx)
         out[f"acc/{s}"], out[f"acc1/{s}"] = round(acc, 5), round(acc1, 5)

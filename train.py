@@ -26,7 +26,7 @@ from torch.distributed import destroy_process_group, init_process_group
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from common import DTYPES, autocast, resolve_device, resolve_dtype
-from checkpoint import RESUME_KEYS, CheckpointError, config_mismatch, load_checkpoint, save_checkpoint, strip_compile_prefix
+from checkpoint import RESUME_KEYS, CheckpointError, append_metrics, lock_run_folder, read_metrics, config_mismatch, load_checkpoint, save_checkpoint, strip_compile_prefix
 from configurator import ConfigError, configure, die
 from model import GPT, GPTConfig
 from tasks import DataError
@@ -38,6 +38,7 @@ eval_interval = 390          # iterations between evaluations and checkpoints (1
 log_interval = 10            # iterations between reading the loss back (the only host sync of a step)
 eval_only = False            # evaluate the checkpoint in out_dir once and exit
 init_from = "scratch"        # 'scratch' or 'resume' (from out_dir/ckpt.pt)
+overwrite = False            # with init_from='scratch': replace the checkpoint and metrics already in out_dir
 wandb_log = False            # also log metrics to wandb
 wandb_project = "discoloop"  # wandb project name
 wandb_run_name = "run"       # wandb run name
@@ -207,7 +208,15 @@ config["vocab_size"] = vocab_size
 model_fields = list(GPTConfig.__dataclass_fields__)
 ckpt_path = os.path.join(out_dir, "ckpt.pt")
 iter_num, ckpt, elapsed = 0, None, 0.0
-if init_from == "resume":
+if master:
+    try:  # one run per out_dir; a second one stops here, naming the holder
+        run_lock = lock_run_folder(out_dir)
+    except CheckpointError as e:
+        die(e)
+if init_from == "scratch" and not eval_only and not overwrite and os.path.exists(ckpt_path):
+    die(f"out_dir '{out_dir}' already holds a checkpoint: continue it with --init_from=resume, "
+        "or start over with --overwrite=True (replaces ckpt.pt and metrics.jsonl)")
+if init_from == "resume" or eval_only:  # eval_only evaluates the checkpoint in out_dir
     try:
         ckpt = load_checkpoint(ckpt_path, required=RESUME_KEYS)
     except CheckpointError as e:
@@ -296,6 +305,7 @@ if compile:
 if ddp:
     # gradient_as_bucket_view: the gradients live in DDP's buckets, no second fp32 copy (the memory plan counts one)
     model = DDP(model, device_ids=[local_rank] if device_type == "cuda" else None, gradient_as_bucket_view=True)
+last = ckpt.get("last", {}) if ckpt is not None else {}  # restored, so rows after a resume have loss/lr
 del ckpt
 
 
@@ -322,19 +332,27 @@ def get_batch(it, micro):
     return x.to(device), y.to(device)
 
 
+slow_eval = float(os.environ.get("DISCOLOOP_TEST_SLOW_EVAL", 0))  # seconds per split: lets tests interrupt an evaluation
+
+
 @torch.no_grad()
 def evaluate():
+    """Metrics of the EMA (or raw) weights, or None when a stop request arrives meanwhile: a SIGTERM
+    does not wait for a long evaluation (the resumed run evaluates this iteration instead)."""
     m = ema if ema is not None else raw_model
     m.eval()
     if dataset == "pretrain":
         losses = []
         for i in range(eval_iters):  # fixed windows, the same at every evaluation
+            if stop_requested:
+                break
             x, y = val_data.get_batch(batch_size, block_size, [seed, 10**9, i])
             with ctx:
                 losses.append(m(x.to(device), y.to(device))[1].item())
-        out = {"val_loss": round(sum(losses) / len(losses), 5)}
+        out = None if stop_requested else {"val_loss": round(sum(losses) / len(losses), 5)}
     else:
-        out = evaluate_splits(m, data, batch_size=eval_batch_size, device=device, ctx=ctx)
+        out = evaluate_splits(m, data, batch_size=eval_batch_size, device=device, ctx=ctx,
+                              should_stop=lambda: time.sleep(slow_eval) or stop_requested)
     m.train()
     return out
 
@@ -342,7 +360,8 @@ def evaluate():
 def checkpoint_obj():
     obj = {"model": raw_model.state_dict(), "optimizers": [o.state_dict() for o in optimizers],
            "model_args": model_args, "config": config, "data_config": data_config,
-           "iter_num": iter_num, "dtype": dtype, "elapsed": round(time.time() - t_start, 2), "rng_cpu": torch.get_rng_state()}
+           "iter_num": iter_num, "dtype": dtype, "elapsed": round(time.time() - t_start, 2), "rng_cpu": torch.get_rng_state(),
+           "last": last}  # the latest loss/lr/throughput, so rows written right after a resume have them
     if device_type == "cuda":
         obj["rng_cuda"] = torch.cuda.get_rng_state()
     if ema is not None:
@@ -352,15 +371,16 @@ def checkpoint_obj():
 
 # metrics.jsonl: on resume drop entries written after the checkpoint, so the file reads as one run
 metrics_path = os.path.join(out_dir, "metrics.jsonl")
-if master:
-    os.makedirs(out_dir, exist_ok=True)
+rows = read_metrics(metrics_path) if init_from == "resume" or eval_only else []
+if master and not eval_only:  # eval_only changes no file but the row it appends
     if init_from == "scratch" and os.path.exists(metrics_path):
-        os.remove(metrics_path)
+        os.remove(metrics_path)  # only reached with overwrite=True (or no checkpoint yet)
     elif os.path.exists(metrics_path):
-        with open(metrics_path) as f:
-            keep = [line for line in f if line.strip() and json.loads(line)["iter"] <= iter_num]
-        with open(metrics_path, "w") as f:
-            f.writelines(keep)
+        rows = [r for r in rows if r.get("iter", -1) <= iter_num]
+        tmp = f"{metrics_path}.tmp-{os.getpid()}"
+        with open(tmp, "w") as f:
+            f.writelines(json.dumps(r) + "\n" for r in rows)
+        os.replace(tmp, metrics_path)
     with open(os.path.join(out_dir, "config.json"), "w") as f:
         json.dump(config, f, indent=1)
     print(f"{recurrence} K={n_loop}: {raw_model.get_num_params() / 1e6:.3f}M parameters, device {device}, dtype {dtype}"
@@ -372,13 +392,29 @@ if wandb_log and master:
 stop_requested = False
 
 
-def request_stop(signum, frame):  # SIGTERM / Ctrl-C: finish the step, save, exit cleanly
+def request_stop(signum, frame):
+    """SIGTERM / Ctrl-C: finish the step (or abandon an evaluation), save, exit 0. A second one: exit now."""
     global stop_requested
+    if stop_requested:
+        os.write(2, f"error: second {signal.Signals(signum).name}: exiting at once without saving; the last "
+                    f"checkpoint on disk is intact\n".encode())
+        os._exit(130)
     stop_requested = True
 
 
 signal.signal(signal.SIGTERM, request_stop)
 signal.signal(signal.SIGINT, request_stop)
+# under DDP a signal reaches the ranks at different moments: they agree on stopping through a small
+# CPU (gloo) all-reduce each step, so no rank leaves while another waits in a collective
+ctrl_group = torch.distributed.new_group(backend="gloo") if ddp else None
+
+
+def agreed_stop():
+    if not ddp:
+        return stop_requested
+    flag = torch.tensor([int(stop_requested)])
+    torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX, group=ctrl_group)
+    return bool(flag.item())
 
 # -----------------------------------------------------------------------------
 n_train = data.train_X.size(0) if dataset != "pretrain" else 0
@@ -422,32 +458,59 @@ def check_finite():
 
 
 nonfinite = torch.zeros((), dtype=torch.bool, device=device)  # set on device, read only by check_finite
-saved_iter = iter_num if init_from == "resume" else None
+saved_iter = iter_num if init_from == "resume" else None  # for the divergence message
 compiled_once = False
-last, t0, t_start = {}, time.time(), time.time() - elapsed
-resumed_at = iter_num if init_from == "resume" else -1  # its evaluation is already in metrics.jsonl
+t0, t_start = time.time(), time.time() - elapsed
+# the resumed iteration's evaluation is in metrics.jsonl, unless a stop abandoned it: then it runs now
+evaluated_at = iter_num if any(r.get("iter") == iter_num for r in rows) else -1
+saved_at = iter_num if init_from == "resume" else -1
+
+
+def log_row(metrics):
+    row = {"iter": iter_num, "time": round(time.time() - t_start, 2)}
+    if steps_per_epoch:
+        row["epoch"] = round(iter_num / steps_per_epoch, 2)
+    row |= metrics | last
+    append_metrics(metrics_path, row)
+    if wandb_log:
+        wandb.log(row, step=iter_num)
+    bar.set_postfix({k.replace("acc/", ""): v for k, v in row.items()
+                     if k.startswith("acc/test") or k == "val_loss"}, refresh=False)
+    bar.write(json.dumps(row))
+
+
+if eval_only:  # evaluate the checkpoint in out_dir, append one row, change nothing else
+    if master:
+        metrics = evaluate()
+        if metrics is not None:
+            log_row({"eval_only": True} | metrics)
+    if ddp:
+        destroy_process_group()
+    sys.exit(0)
+
 while True:
+    stop = agreed_stop()  # every rank takes the same decision at the same step
     # ---- once in a while: evaluate, save, and stop when asked or done ----
-    if iter_num % eval_interval == 0 or iter_num >= max_iters or stop_requested:
-        check_finite()
-        if master and not stop_requested and iter_num != resumed_at:  # on a stop request: save at once, evaluate after resuming
-            metrics = {"iter": iter_num, "time": round(time.time() - t_start, 2)}
-            if steps_per_epoch:
-                metrics["epoch"] = round(iter_num / steps_per_epoch, 2)
-            metrics |= evaluate() | last
-            with open(metrics_path, "a") as f:
-                f.write(json.dumps(metrics) + "\n")
-            if wandb_log:
-                wandb.log(metrics, step=iter_num)
-            bar.set_postfix({k.replace("acc/", ""): v for k, v in metrics.items()
-                             if k.startswith("acc/test") or k == "val_loss"}, refresh=False)
-            bar.write(json.dumps(metrics))
-        if master and (iter_num > 0 or eval_only) and iter_num != resumed_at:
-            save_checkpoint(checkpoint_obj(), ckpt_path)
-            saved_iter = iter_num
-        if eval_only or iter_num >= max_iters or stop_requested:
-            if master and stop_requested:
-                print(f"stopped at iteration {iter_num}; checkpoint saved, continue with --init_from=resume")
+    at_eval = iter_num % eval_interval == 0 or iter_num >= max_iters
+    if at_eval or stop:
+        check_finite()  # never evaluate or save poisoned weights
+        if master and at_eval and not stop and iter_num != evaluated_at:
+            metrics = evaluate()  # None if a stop request arrived meanwhile: it is not waited for
+            if metrics is not None:
+                log_row(metrics)
+                evaluated_at = iter_num
+        stop = stop or (not ddp and stop_requested)
+        if master and iter_num > 0 and iter_num != saved_at:
+            try:
+                save_checkpoint(checkpoint_obj(), ckpt_path)
+            except CheckpointError as e:
+                die(e)
+            saved_at = saved_iter = iter_num
+        if iter_num >= max_iters or stop:
+            if master and stop:
+                print(f"stopped at iteration {iter_num}; " + (
+                    "checkpoint saved, continue with --init_from=resume" if saved_at == iter_num else
+                    "no checkpoint was written yet (nothing to resume)"))
             break
 
     # ---- one optimization step: gradients accumulated over micro-batches, no host sync ----
@@ -505,6 +568,10 @@ while True:
         if master:
             bar.set_description(f"loss {loss_val:.4f}", refresh=False)
 
+# the work is saved: a signal arriving during teardown (e.g. a cluster's SIGTERM to every rank after one
+# rank's stop was agreed) must not turn a clean exit into a kill
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+signal.signal(signal.SIGINT, signal.SIG_IGN)
 if bar is not None:
     bar.close()
 if ddp:
