@@ -18,6 +18,10 @@ import torch.nn.functional as F
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
+class DataError(ValueError):
+    """A dataset folder that cannot be used as it is (missing, damaged, inconsistent): one line."""
+
+
 def resolve_device(device):
     if device != "auto":
         return device

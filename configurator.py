@@ -29,6 +29,11 @@ def _closest(key, allowed):
     return f" (did you mean '{near[0]}'?)" if near else ""
 
 
+def merge(defaults, overrides, source):
+    """defaults updated by a dict of overrides, each key and type checked as on the command line."""
+    return {**defaults, **{k: _check(k, v, defaults, source) for k, v in overrides.items()}}
+
+
 def _check(key, value, defaults, source):
     if key not in defaults:
         raise ConfigError(f"unknown config key '{key}' in {source}{_closest(key, list(defaults))}")

@@ -21,7 +21,8 @@ import torch.nn.functional as F
 
 from checkpoint import CheckpointError, config_mismatch, load_checkpoint, model_from_checkpoint, read_metrics
 from configurator import die
-from tasks import DataError, QAData, accuracy
+from common import DataError
+from tasks import QAData, accuracy
 
 BRIDGE_POS = 1
 NORMS = ("rms", "unit", "none")

@@ -3,13 +3,14 @@ Token shards for LM pretraining: memmapped flat token files written by data/pret
 read as random windows. A window's position is a pure function of (seed, iteration, micro-batch),
 so resuming and DDP see exactly the batches a single process would.
 """
+import contextlib
 import json
 import os
 
 import numpy as np
 import torch
 
-from tasks import DataError
+from common import DataError
 
 
 class TokenShards:
@@ -64,7 +65,37 @@ class TokenShards:
         shard = rng.choice(len(self.arrays), size=batch_size, p=usable / usable.sum())
         starts = (rng.random(batch_size) * usable[shard]).astype(np.int64)
         rows = [np.asarray(self.arrays[s][i:i + block_size + 1], dtype=np.int64) for s, i in zip(shard, starts)]
-        xy = torch.from_numpy(np.stack(rows))
-        if xy.max().item() >= self.vocab_size:
-            raise DataError(f"token id {xy.max().item()} is outside the vocabulary ({self.vocab_size})")
+        xy = torch.from_numpy(np.stack(rows))  # (B, T + 1); every id was checked at load
         return xy[:, :-1], xy[:, 1:]
+
+
+class TokenData:
+    """The train and val shards of a folder behind the interface train.py uses for every dataset
+    (as tasks.QAData): vocab_size, config, seq_len, steps_per_epoch, get_batch, evaluate."""
+
+    def __init__(self, data_dir, block_size, eval_batches, seed=0):
+        self.train, self.val = TokenShards(data_dir, "train"), TokenShards(data_dir, "val")
+        self.train.check_window(block_size)
+        self.val.check_window(block_size)
+        self.seq_len, self.eval_batches, self.seed = block_size, eval_batches, seed
+        self.vocab_size = self.train.vocab_size
+        self.config = self.train.meta.get("config", {})  # what generated the shards
+
+    def steps_per_epoch(self, global_batch):
+        return 0  # a token budget, not epochs
+
+    def get_batch(self, it, global_batch, part, n_parts, seed):
+        """Part `part` of `n_parts` of iteration `it`'s global batch: a pure function of its arguments."""
+        return self.train.get_batch(global_batch // n_parts, self.seq_len, [seed, it, part])
+
+    @torch.no_grad()
+    def evaluate(self, model, batch_size, device="cpu", ctx=None, should_stop=None):
+        """{'val_loss'} over the same eval_batches windows every time; None if should_stop() turns true."""
+        losses = []
+        for i in range(self.eval_batches):
+            if should_stop is not None and should_stop():
+                return None
+            x, y = self.val.get_batch(batch_size, self.seq_len, [self.seed, 10**9, i])
+            with ctx or contextlib.nullcontext():
+                losses.append(model(x.to(device), y.to(device))[1].item())
+        return {"val_loss": round(sum(losses) / len(losses), 5)}

@@ -15,9 +15,7 @@ import os
 import numpy as np
 import torch
 
-
-class DataError(ValueError):
-    pass
+from common import DataError
 
 
 def load_meta(data_dir):
@@ -79,9 +77,10 @@ def pad_to(t, T, value):
 
 
 class QAData:
-    """All splits of a prepared folder, as tensors (these datasets are small)."""
+    """All splits of a prepared folder, as tensors (these datasets are small). The interface train.py
+    uses, shared with shards.TokenData: vocab_size, config, seq_len, steps_per_epoch, get_batch, evaluate."""
 
-    def __init__(self, data_dir):
+    def __init__(self, data_dir, block_size=None):
         self.data_dir = data_dir
         self.meta = load_meta(data_dir)
         self.stoi = {t: i for i, t in enumerate(self.meta["vocab"])}
@@ -94,6 +93,16 @@ class QAData:
         T = max(self.splits[s][0].size(1) for s in self.train_splits)
         self.train_X = torch.cat([pad_to(self.splits[s][0], T, 0) for s in self.train_splits])
         self.train_Y = torch.cat([pad_to(self.splits[s][1], T, -1) for s in self.train_splits])
+        if block_size is not None and self.max_len > block_size:
+            raise DataError(f"block_size={block_size} is shorter than the longest example ({self.max_len} tokens)")
+
+    @property
+    def config(self):
+        return self.meta["config"]  # what generated the data: a resumed run must use the same
+
+    @property
+    def seq_len(self):
+        return self.train_X.size(1)  # training batches are padded to the longest training example
 
     @property
     def vocab_size(self):
@@ -116,6 +125,9 @@ class QAData:
         idx = perm[step * global_batch:(step + 1) * global_batch]
         idx = torch.from_numpy(np.array_split(idx, n_parts)[part])
         return self.train_X[idx], self.train_Y[idx]
+
+    def evaluate(self, model, batch_size, device="cpu", ctx=None, should_stop=None):
+        return evaluate_splits(model, self, batch_size=batch_size, device=device, ctx=ctx, should_stop=should_stop)
 
 
 @torch.no_grad()

@@ -25,12 +25,14 @@ import torch
 from torch.distributed import destroy_process_group, init_process_group
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from common import DTYPES, autocast, resolve_device, resolve_dtype
+from common import DTYPES, DataError, autocast, resolve_device, resolve_dtype
 from checkpoint import RESUME_KEYS, CheckpointError, append_metrics, lock_run_folder, read_metrics, config_mismatch, load_checkpoint, save_checkpoint, strip_compile_prefix
-from configurator import ConfigError, configure, die
+from configurator import ConfigError, configure, die, merge
 from model import GPT, GPTConfig
-from tasks import DataError
+from shards import TokenData
+from tasks import QAData
 
+_not_config = set(globals())  # every name above (imports) is not a config key
 # -----------------------------------------------------------------------------
 # I/O
 out_dir = "out/symbolic"     # run folder: ckpt.pt, metrics.jsonl, config.json
@@ -45,7 +47,7 @@ wandb_run_name = "run"       # wandb run name
 # data
 dataset = "symbolic"         # 'symbolic' | 'nl' | 'pretrain'
 data_dir = "data/symbolic/out"  # prepared dataset folder (generated on first use for symbolic/nl)
-prepare_args = ""            # passed to data/<dataset>/prepare.py when data_dir is missing
+data_args = {}               # arguments of data/<dataset>/prepare.py's prepare(), e.g. {"eval_hops": 4}
 batch_size = 512             # per process and micro-step
 gradient_accumulation_steps = 1  # total over all processes, as in nanoGPT
 block_size = 8               # longest sequence (QA: at least the longest example; pretrain: the window)
@@ -102,7 +104,8 @@ threads = 0                  # CPU threads (0 = torch default)
 peak_flops = 0.0             # per-device peak FLOP/s for MFU (0 = report TFLOP/s only; bench.py measures one)
 memory_check = True          # on CUDA: print the memory plan and stop before allocating if it does not fit
 # -----------------------------------------------------------------------------
-config_keys = [k for k, v in globals().items() if not k.startswith("_") and isinstance(v, (int, float, bool, str))]
+config_keys = [k for k, v in globals().items() if k not in _not_config and not k.startswith("_")
+               and isinstance(v, (int, float, bool, str, dict))]
 try:
     globals().update(configure({k: globals()[k] for k in config_keys}, sys.argv[1:], __doc__, __file__))
 except ConfigError as e:
@@ -178,26 +181,17 @@ try:
     spec = importlib.util.spec_from_file_location(f"prepare_{dataset}", prep_path)
     prep = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(prep)
-    # prepare on first use (QA: a no-op with a config check when it exists; pretraining corpora only
-    # when the config says how, since the full one is a 20B-token job of its own)
-    if master and (dataset != "pretrain" or (prepare_args and not os.path.exists(os.path.join(data_dir, "meta.json")))):
-        prep.prepare(configure(prep.DEFAULTS, [f"--out_dir={data_dir}"] + prepare_args.split()))
+    # prepare on first use: QA data always (a no-op with a config check when it exists); a pretraining
+    # corpus only when data_args says how, since the full one is a 20B-token job of its own
+    if master and (dataset != "pretrain" or (data_args and not os.path.exists(os.path.join(data_dir, "meta.json")))):
+        prep.prepare(merge(prep.DEFAULTS, {**data_args, "out_dir": data_dir}, "data_args"))
     if ddp:
         torch.distributed.barrier()
-    if dataset == "pretrain":
-        from shards import TokenShards
-        train_data, val_data = TokenShards(data_dir, "train"), TokenShards(data_dir, "val")
-        train_data.check_window(block_size)
-        val_data.check_window(block_size)
-        data_vocab, data_config = train_data.vocab_size, train_data.meta.get("config", {})
-    else:
-        from tasks import QAData, evaluate_splits
-        data = QAData(data_dir)
-        data_vocab, data_config = data.vocab_size, data.meta["config"]
-        if data.max_len > block_size:
-            die(f"block_size={block_size} is shorter than the longest example ({data.max_len} tokens)")
+    # one interface for both kinds: vocab_size, config, seq_len, steps_per_epoch, get_batch, evaluate
+    data = TokenData(data_dir, block_size, eval_iters, seed) if dataset == "pretrain" else QAData(data_dir, block_size)
 except (DataError, ConfigError) as e:
     die(e)
+data_vocab, data_config = data.vocab_size, data.config
 if vocab_size and vocab_size < data_vocab:
     die(f"vocab_size={vocab_size} is smaller than the dataset's vocabulary ({data_vocab})")
 vocab_size = vocab_size or data_vocab
@@ -322,17 +316,13 @@ def get_lr(it):
 
 
 def get_batch(it, micro):
-    part = rank * accum_local + micro
-    if dataset == "pretrain":
-        x, y = train_data.get_batch(batch_size, block_size, [seed, it, part])
-    else:
-        x, y = data.get_batch(it, global_batch, part, gradient_accumulation_steps, seed)
+    x, y = data.get_batch(it, global_batch, rank * accum_local + micro, gradient_accumulation_steps, seed)  # (B, T) each
     if device_type == "cuda":
         return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
     return x.to(device), y.to(device)
 
 
-slow_eval = float(os.environ.get("DISCOLOOP_TEST_SLOW_EVAL", 0))  # seconds per split: lets tests interrupt an evaluation
+slow_eval = float(os.environ.get("DISCOLOOP_TEST_SLOW_EVAL", 0))  # seconds per piece: lets tests interrupt an evaluation
 
 
 @torch.no_grad()
@@ -341,18 +331,8 @@ def evaluate():
     does not wait for a long evaluation (the resumed run evaluates this iteration instead)."""
     m = ema if ema is not None else raw_model
     m.eval()
-    if dataset == "pretrain":
-        losses = []
-        for i in range(eval_iters):  # fixed windows, the same at every evaluation
-            if stop_requested:
-                break
-            x, y = val_data.get_batch(batch_size, block_size, [seed, 10**9, i])
-            with ctx:
-                losses.append(m(x.to(device), y.to(device))[1].item())
-        out = None if stop_requested else {"val_loss": round(sum(losses) / len(losses), 5)}
-    else:
-        out = evaluate_splits(m, data, batch_size=eval_batch_size, device=device, ctx=ctx,
-                              should_stop=lambda: time.sleep(slow_eval) or stop_requested)
+    out = data.evaluate(m, eval_batch_size, device=device, ctx=ctx,
+                        should_stop=lambda: time.sleep(slow_eval) or stop_requested)
     m.train()
     return out
 
@@ -417,12 +397,11 @@ def agreed_stop():
     return bool(flag.item())
 
 # -----------------------------------------------------------------------------
-n_train = data.train_X.size(0) if dataset != "pretrain" else 0
-steps_per_epoch = data.steps_per_epoch(global_batch) if dataset != "pretrain" else 0
-seq_len = block_size if dataset == "pretrain" else data.train_X.size(1)  # QA batches are padded to the data
+steps_per_epoch = data.steps_per_epoch(global_batch)  # 0 for token shards: a budget, not epochs
+seq_len = data.seq_len
 tokens_per_iter = global_batch * seq_len
 flops_per_iter = raw_model.flops_per_token(seq_len) * tokens_per_iter
-if master and dataset == "pretrain":
+if master and not steps_per_epoch:  # a token budget: say what a step and the run are worth
     print(f"tokens per iteration {tokens_per_iter:,} ({world_size} processes x {accum_local} micro-steps x "
           f"{batch_size} x {block_size}); {max_iters} iterations = {tokens_per_iter * max_iters:,} tokens")
 bar = None

@@ -1,13 +1,19 @@
 # DiscoLoop on the synthetic natural-language two-hop task (Sec. 5.2), direct format:
 # "Finley's teacher's wife is Charlie". K = 2 and the learned gate of Eq. (5), as in the paper.
-# The paper's graph (500 entities per graph, 10,000 two-hop training questions) and exactly the
-# symbolic recipe (config/symbolic.py: 300 epochs of 39 steps; the README's table stops at 150 with
+# The paper's graph (500 entities per graph, 10,000 two-hop training questions) and the symbolic
+# recipe (train.py's defaults: 300 epochs of 39 steps; RESULTS.md's table stops at 150 with
 # --max_iters=5850). The data defaults (one-token census names, a leading space so subject and
-# answer are the same token) were chosen by measurement: without them nothing reaches OOD (README).
-exec(open("config/symbolic.py").read())
+# answer are the same token) were chosen by measurement (RESULTS.md). Offline, pass the GPT-2 ranks:
+#   --data_args="{'format': 'direct', 'tiktoken_file': 'PATH'}"
+# Baselines: --recurrence=loop / --recurrence=none with their own --out_dir.
 out_dir = "out/nl_direct"
 dataset = "nl"
 data_dir = "data/nl/direct"
-prepare_args = "--format=direct"     # add --tiktoken_file=PATH offline (README)
+data_args = {"format": "direct"}
 block_size = 32
+recurrence = "disco"
 disco_gate = "learned"
+disco_alpha = 1.0
+disco_tau = 1.0
+n_loop = 2
+ema_decay = 0.999

@@ -1,5 +1,15 @@
-# Reverse format: "Who is the wife of the teacher of Finley?\nAnswer: Charlie" (Sec. 5.2).
-exec(open("config/nl_direct.py").read())
+# Reverse format of the natural-language two-hop task (Sec. 5.2):
+# "Who is the wife of the teacher of Finley?\nAnswer: Charlie". Same model and recipe as
+# config/nl_direct.py; only the data differ. Offline, add 'tiktoken_file': 'PATH' to data_args.
+# Baselines: --recurrence=loop / --recurrence=none with their own --out_dir.
 out_dir = "out/nl_reverse"
+dataset = "nl"
 data_dir = "data/nl/reverse"
-prepare_args = prepare_args.replace("--format=direct", "--format=reverse")
+data_args = {"format": "reverse"}
+block_size = 32
+recurrence = "disco"
+disco_gate = "learned"
+disco_alpha = 1.0
+disco_tau = 1.0
+n_loop = 2
+ema_decay = 0.999

@@ -1,25 +1,53 @@
-# A tiny version of config/pretrain.py for CPU: same code path (DDP, Muon, top-k Phi, shards),
-# on a synthetic corpus generated offline and a byte-level tokenizer. Minutes on 2 cores:
+# A tiny version of config/pretrain.py for CPU: the same code path (DDP, Muon, top-k Phi, shards,
+# checkpointing), on a synthetic corpus generated offline with a byte-level tokenizer. Minutes on 2 cores:
 #   python train.py config/pretrain_tiny.py
 #   torchrun --standalone --nproc_per_node=2 train.py config/pretrain_tiny.py
-exec(open("config/pretrain.py").read())
 out_dir = "out/pretrain_tiny"
+dataset = "pretrain"
 data_dir = "data/pretrain/tiny"
-prepare_args = ("--data_files=synthetic:web,synthetic:math --encoding=bytes --max_tokens=4000000 "
-                "--val_tokens=100000 --shard_tokens=1000000 --num_proc=2")
+data_args = {"data_files": "synthetic:web,synthetic:math", "encoding": "bytes", "max_tokens": 4_000_000,
+             "val_tokens": 100_000, "shard_tokens": 1_000_000, "num_proc": 2}
 vocab_size = 0
 block_size = 128
 batch_size = 8
 gradient_accumulation_steps = 2
+activation_checkpointing = "block"
+loss_chunk = 1024
 n_layer = 2
 n_head = 4
 n_embd = 128
 n_hidden = 0
+norm = "rmsnorm"
+mlp = "swiglu"
+bias = False
+pos_emb = "rope"
+rope_theta = 1e6
+sandwich_norm = True
+dropout = 0.0
+recurrence = "disco"
+n_loop = 4
+disco_gate = "fixed"
+disco_alpha = 1.0
+disco_tau = 1.0
 disco_topk = 32
 disco_chunk = 64
+label_smoothing = 0.0
+optimizer = "muon"
+learning_rate = 3e-3
+adam_eps = 1e-15
+beta1 = 0.9
+beta2 = 0.95
+weight_decay = 0.1
+muon_momentum = 0.95
+grad_clip = 1.0
+lr_schedule = "linear"
 warmup_iters = 20
 max_iters = 300
 lr_decay_iters = 300
+min_lr = 1e-5
 eval_interval = 100
 eval_iters = 10
+eval_batch_size = 8
+log_interval = 10
 compile = False
+dtype = "auto"

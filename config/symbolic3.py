@@ -1,7 +1,15 @@
 # Three-hop extension (Appendix A.2): all atoms, 5,000 two-hop + 5,000 three-hop graph-A questions,
-# four 1,000-question test splits ({2,3}-hop x {ID, OOD}); K = 3 loops, fixed alpha = 1.
-exec(open("config/symbolic.py").read())
+# four 1,000-question test splits ({2,3}-hop x {ID, OOD}); K = 3 loops, fixed alpha = 1, and
+# otherwise the symbolic recipe (train.py's defaults). Baselines:
+#   python train.py config/symbolic3.py --recurrence=loop --out_dir=out/symbolic3_loop
+#   python train.py config/symbolic3.py --recurrence=none --out_dir=out/symbolic3_flat
 out_dir = "out/symbolic3"
+dataset = "symbolic"
 data_dir = "data/symbolic/hops3"
-prepare_args = "--max_hops=3 --n_test=1000"
+data_args = {"max_hops": 3, "n_test": 1000}
+recurrence = "disco"
+disco_gate = "fixed"
+disco_alpha = 1.0
+disco_tau = 1.0
 n_loop = 3
+ema_decay = 0.999

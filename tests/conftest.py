@@ -31,6 +31,6 @@ def tiny_data(tmp_path_factory):
 
 
 def tiny_train_args(data_dir, out_dir, *extra):
-    prep = " ".join(TINY_DATA)
+    prep = {a[2:].split("=")[0]: int(a.split("=")[1]) for a in TINY_DATA}
     return (["train.py", "config/symbolic.py", f"--data_dir={data_dir}", f"--out_dir={out_dir}",
-             f"--prepare_args={prep}"] + TINY_MODEL + list(extra))
+             f"--data_args={prep}"] + TINY_MODEL + list(extra))

@@ -114,7 +114,8 @@ def test_trains_on_nl(tmp_path):
     r = run(["train.py", "config/nl_direct.py", f"--data_dir={data}", f"--out_dir={out}", "--max_iters=20",
              "--eval_interval=10", "--n_embd=32", "--n_head=2", "--batch_size=64", "--threads=1", "--dtype=float32",
              "--block_size=96",
-             f"--prepare_args=--encoding=bytes --names=syllable {' '.join(SMALL)}"])
+             "--data_args=" + repr({"format": "direct", "encoding": "bytes", "names": "syllable",
+                                    **{a[2:].split("=")[0]: int(a.split("=")[1]) for a in SMALL}})])
     assert r.returncode == 0, r.stderr
     last = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))][-1]
     assert "acc/test_ood" in last and "acc1/train_id" in last

@@ -162,7 +162,7 @@ def test_resume_with_other_model_or_data_refused(tiny_data, tmp_path):
                 "--out_degree=4", "--n_train=200", "--n_test=50", "--seed=3"])
     assert prep.returncode == 0
     args = tiny_train_args(other, out, "--max_iters=20", "--init_from=resume")
-    args = [a if not a.startswith("--prepare_args") else a + " --seed=3" for a in args]
+    args = [a if not a.startswith("--data_args") else a[:-1] + ", 'seed': 3}" for a in args]
     r = run(args)
     assert r.returncode == 2 and "seed" in r.stderr, r.stderr
 
