@@ -20,7 +20,7 @@ import time
 
 import torch
 
-from common import DTYPES, autocast, resolve_device, resolve_dtype
+from common import DTYPES, autocast, resolve_device, resolve_dtype, table
 from configurator import ConfigError, configure, die
 from model import GPT, GPTConfig
 
@@ -163,18 +163,15 @@ def main(argv):
         if device.startswith("cuda"):
             results[label]["cuda_peak_MB"] = peaks[label] / 2**20
     base = results["loop"]
-    print("| model | step (ms) | time vs loop | FLOPs vs loop | tokens/s | MFU | saved for backward (MB) |" +
-          (" CUDA step peak above weights (MB) |" if device.startswith("cuda") else ""))
-    print("|---|---|---|---|---|---|---|" + ("---|" if device.startswith("cuda") else ""))
-    for label, r in results.items():
-        print(f"| {label} | {r['step_s'] * 1e3:.1f} | {r['step_s'] / base['step_s']:.3f}x | "
-              f"{r['flops'] / base['flops']:.3f}x | {r['tok_per_s']:.0f} | {r['mfu']:.3f} | {r['saved_MB']:.1f} |" +
-              (f" {r['cuda_peak_MB']:.0f} |" if "cuda_peak_MB" in r else ""))
+    cuda = device.startswith("cuda")
+    print(table(["model", "step (ms)", "time vs loop", "FLOPs vs loop", "tokens/s", "MFU", "saved for backward (MB)"]
+                + (["CUDA step peak above weights (MB)"] if cuda else []),
+                [[label, f"{r['step_s'] * 1e3:.1f}", f"{r['step_s'] / base['step_s']:.3f}x",
+                  f"{r['flops'] / base['flops']:.3f}x", f"{r['tok_per_s']:.0f}", f"{r['mfu']:.3f}", f"{r['saved_MB']:.1f}"]
+                 + ([f"{r['cuda_peak_MB']:.0f}"] if cuda else []) for label, r in results.items()]))
 
     # Phi alone: memory kept for backward as T grows, exact vs top-k (grows with T*V vs T*k)
     print("\nPhi only (one decode-then-encode of a (1, T, d) state):")
-    print("| T | exact Phi saved (MB) | top-k Phi saved (MB) | exact / top-k |")
-    print("|---|---|---|---|")
     phi_rows = {}
     for t in (T // 4, T // 2, T):
         out = {}
@@ -186,7 +183,9 @@ def main(argv):
             with ctx:
                 _, out[k] = saved_bytes(lambda: model.phi(h), model.parameters())
         phi_rows[t] = {"exact_MB": out[0] / 2**20, "topk_MB": out[c["disco_topk"]] / 2**20}
-        print(f"| {t} | {out[0] / 2**20:.2f} | {out[c['disco_topk']] / 2**20:.2f} | {out[0] / out[c['disco_topk']]:.1f}x |")
+    print(table(["T", "exact Phi saved (MB)", "top-k Phi saved (MB)", "exact / top-k"],
+                [[t, f"{r['exact_MB']:.2f}", f"{r['topk_MB']:.2f}", f"{r['exact_MB'] / r['topk_MB']:.1f}x"]
+                 for t, r in phi_rows.items()]))
     if c["json"]:
         with open(c["json"], "w") as f:
             json.dump({"config": c, "peak_flops": peak, "steps": results, "phi": phi_rows}, f, indent=1)

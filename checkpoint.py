@@ -122,7 +122,7 @@ def model_from_checkpoint(ckpt, use_ema=True, **overrides):
     """Rebuild the GPT of a checkpoint (its weight average when it has one and use_ema);
     overrides (e.g. disco_alpha) change config fields."""
     try:
-        config = GPTConfig(**{**ckpt["model_args"], **overrides})
+        config = GPTConfig.from_dict({**ckpt["model_args"], **overrides})
     except (TypeError, ValueError) as e:
         raise CheckpointError(f"checkpoint model config is invalid: {e}") from None
     model = GPT(config)

@@ -22,6 +22,14 @@ class DataError(ValueError):
     """A dataset folder that cannot be used as it is (missing, damaged, inconsistent): one line."""
 
 
+def table(header, rows):
+    """A markdown table (every script prints its results this way); floats get 3 significant digits."""
+    fmt = lambda v: f"{v:.3g}" if isinstance(v, float) else str(v)
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(fmt(v) for v in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
 def resolve_device(device):
     if device != "auto":
         return device

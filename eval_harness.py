@@ -22,7 +22,7 @@ from lm_eval.api.registry import register_model
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from tqdm import tqdm
 
-from common import autocast, resolve_device, resolve_dtype
+from common import autocast, resolve_device, resolve_dtype, table
 from checkpoint import CheckpointError, load_checkpoint, model_from_checkpoint
 from configurator import ConfigError, configure, die
 
@@ -207,7 +207,7 @@ def main(argv):
     except (ConfigError, CheckpointError) as e:
         die(e)
     row = table2_row(res["results"], tasks)
-    print("| " + " | ".join(row) + " |\n|" + "---|" * len(row) + "\n| " + " | ".join(f"{v:.1f}" for v in row.values()) + " |")
+    print(table(list(row), [[f"{v:.1f}" for v in row.values()]]))
     path = c["json"] or os.path.join(c["ckpt"] if os.path.isdir(c["ckpt"]) else os.path.dirname(c["ckpt"]), "eval_harness.json")
     with open(path, "w") as f:
         json.dump({"row": row, "results": res["results"], "n_loop": c["n_loop"] or None}, f, indent=1, default=str)

@@ -19,6 +19,7 @@ import torch
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from common import table
 from model import GPT, GPTConfig
 
 GB = 1e9
@@ -149,10 +150,9 @@ def format_plan(p, c, world_size):
     lines = [f"memory plan per rank ({c['recurrence']} K={c['n_loop']}, micro-batch {c['batch_size']} x "
              f"{c['block_size']}, {c['gradient_accumulation_steps']} micro-steps over {world_size} ranks = "
              f"{p.tokens_per_step:,} tokens per step, activation_checkpointing={c['activation_checkpointing']!r}):",
-             "| item | GB |", "|---|---|"]
-    lines += [f"| {k} | {v / GB:.2f} |" for k, v in p.rows.items()]
-    lines.append(f"| **total** | **{p.total / GB:.2f}** |")
-    lines += [f"| (inside the peak) {k} | {v / GB:.2f} |" for k, v in p.detail.items()]
+             table(["item", "GB"], [[k, f"{v / GB:.2f}"] for k, v in p.rows.items()]
+                   + [["**total**", f"**{p.total / GB:.2f}**"]]
+                   + [[f"(inside the peak) {k}", f"{v / GB:.2f}"] for k, v in p.detail.items()])]
     for name, cap in GPUS.items():
         lines.append(f"{name}: {p.total / GB:.1f} GB planned, {HEADROOM * cap / GB:.0f} GB usable (90%) -> "
                      + ("fits" if fits(p, cap) else "DOES NOT FIT"))

@@ -370,16 +370,17 @@ class GPT(nn.Module):
 
     def inject(self, h):
         """H~ = H + a * RMSNorm(Phi(H)) (Eq. 3), with the fixed or learned gate (Eq. 5)."""
-        e = self.phi(h)
-        if self.config.disco_gate == "learned":
-            alpha = torch.sigmoid(e @ self.gate_w.to(e.dtype) + self.gate_b).unsqueeze(-1)
-        else:
-            alpha = self.config.disco_alpha
+        e = self.phi(h)  # (B, T, d)
+        alpha = self.gate(e).unsqueeze(-1) if self.config.disco_gate == "learned" else self.config.disco_alpha
         return h + alpha * self.transformer.ln_inj(e)
 
+    def gate(self, e):
+        """The learned gate of Eq. (5), a_t = sigmoid(<w, Phi(H_t)> + b), (B, T), from e = Phi(H)."""
+        return torch.sigmoid(e @ self.gate_w.to(e.dtype) + self.gate_b)
+
     def gate_values(self, h):
-        """The learned gate a_t for a post-loop state h (B, T); for probing where DiscoLoop injects."""
-        return torch.sigmoid(self.phi(h) @ self.gate_w.to(h.dtype) + self.gate_b)
+        """The learned gate for a post-loop state h (B, T); for probing where DiscoLoop injects."""
+        return self.gate(self.phi(h))
 
     # ---- forward -----------------------------------------------------------------------------
     def forward(self, idx, targets=None, n_loop=None, hook=None):

@@ -11,7 +11,6 @@ Each prints a markdown table and writes JSON (--json=PATH, default OUT_DIR/probe
 The bridge of a two-hop question (a, r1, r2) is b with (a, r1, b) an atomic fact of the dataset;
 the bridge position is 1 (the r1 token), where the model predicts b for the atom (a, r1).
 """
-import argparse
 import json
 import os
 import sys
@@ -20,8 +19,8 @@ import torch
 import torch.nn.functional as F
 
 from checkpoint import CheckpointError, config_mismatch, load_checkpoint, model_from_checkpoint, read_metrics
-from configurator import die
-from common import DataError
+from configurator import ConfigError, configure, die
+from common import DataError, table
 from tasks import QAData, accuracy
 
 BRIDGE_POS = 1
@@ -40,7 +39,7 @@ def load(ckpt_path, data_dir=None, raw=False):
     if why or data.vocab_size > ckpt["model_args"]["vocab_size"]:
         raise CheckpointError(f"checkpoint was trained on another dataset than '{data_dir}' "
                               f"({why or 'vocabulary size differs'})")
-    return ckpt, model, data
+    return model, data
 
 
 def two_hop_splits(data):
@@ -77,13 +76,6 @@ def bridges(data, split, depth=1):
             e = atoms[(e, r)]
         out.append(token[e])
     return torch.tensor(out)
-
-
-def table(header, rows):
-    fmt = lambda v: f"{v:.3g}" if isinstance(v, float) else str(v)
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(fmt(v) for v in row) + " |" for row in rows]
-    return "\n".join(lines)
 
 
 def atom_graphs(data):
@@ -279,62 +271,73 @@ def first_crossings(ms):
     return out
 
 
-class Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line, exit 2, like every other tool here
-        die(message)
+COMMANDS = {"acc": "Table 1(a): accuracy per split after 1..K+1 loops",
+            "lens": "Table 1(b): logit lens at the bridge position",
+            "sweep": "Fig. 2: the training-free intervention of Eq. (2), swept over alpha",
+            "gate": "the learned gate by token type and position",
+            "plot": "Fig. 3: training curves of run folders (given as positional arguments)"}
+DEFAULTS = dict(
+    ckpt="",          # checkpoint file or run folder (every command but plot)
+    data_dir="",      # dataset folder (default: the one the checkpoint was trained on)
+    n_loop="",        # acc: comma-separated loop counts (default: 1..K+1)
+    norm="rms",       # sweep: Norm of Eq. (2): 'rms' (match the hidden state's RMS), 'unit' or 'none'
+    alphas="0,0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9,1.0",  # sweep: comma-separated intervention strengths
+    png="",           # sweep, plot: write a figure here
+    json="",          # output JSON (default: OUT_DIR/probe_<command>.json)
+    raw=False,        # probe the raw weights, not the weight average (EMA)
+    threads=0,        # CPU threads (0 = torch's choice)
+)
 
 
 def main(argv):
-    ap = Parser(description=__doc__.split("\n\n")[0] + "\n\n" + __doc__.split("\n\n")[1],
-                formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("command", choices=["acc", "lens", "sweep", "gate", "plot"],
-                    help="acc: Table 1(a); lens: Table 1(b); sweep: Fig. 2; gate: the learned gate; plot: curves")
-    ap.add_argument("dirs", nargs="*", help="run folders (plot only)")
-    ap.add_argument("--ckpt", default="", help="checkpoint file or run folder (every command but plot)")
-    ap.add_argument("--data_dir", default="", help="dataset folder (default: the one in the checkpoint)")
-    ap.add_argument("--n_loop", default="", help="acc: comma-separated loop counts (default: 1..K+1)")
-    ap.add_argument("--norm", default="rms", choices=NORMS,
-                    help="sweep: Norm of Eq. (2): rms (match the hidden state's RMS), unit, none (default: rms)")
-    ap.add_argument("--alphas", default="0,0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9,1.0",
-                    help="sweep: comma-separated intervention strengths (default: 0 to 1 by 0.1)")
-    ap.add_argument("--png", default="", help="sweep, plot: write a figure here")
-    ap.add_argument("--json", default="", help="output JSON (default: OUT_DIR/probe_<command>.json)")
-    ap.add_argument("--raw", action="store_true", help="probe the raw weights, not the weight average (EMA)")
-    ap.add_argument("--threads", type=int, default=0, help="CPU threads (default 0: torch's choice)")
-    a = ap.parse_args(argv)
-    if a.threads:
-        torch.set_num_threads(a.threads)
+    usage = "usage: probe.py {" + ",".join(COMMANDS) + "} [--key=value ...]   (plot: run folders as arguments)"
+    if not argv or argv[0] in ("-h", "--help"):
+        print(__doc__.strip() + "\n\n" + usage + "\n" + "\n".join(f"  {k:<6} {v}" for k, v in COMMANDS.items()))
+        sys.exit(0 if argv else 2)
+    cmd, rest = argv[0], argv[1:]
+    if cmd not in COMMANDS:
+        die(f"command {cmd!r} is invalid: allowed {list(COMMANDS)}")
+    dirs = [a for a in rest if not a.startswith("-")] if cmd == "plot" else []
     try:
-        if a.command == "plot":
-            if not a.dirs:
+        a = configure(DEFAULTS, [x for x in rest if x not in dirs], f"probe.py {cmd}: {COMMANDS[cmd]}", __file__)
+        if a["norm"] not in NORMS:
+            raise ConfigError(f"norm={a['norm']!r} is invalid: allowed {NORMS}")
+    except ConfigError as e:
+        die(e)
+    if a["threads"]:
+        torch.set_num_threads(a["threads"])
+    try:
+        if cmd == "plot":
+            if not dirs:
                 die("plot needs one or more run folders")
-            res = cmd_plot(a.dirs, a.png or "curves.png")
-            json_path = a.json or None
+            res = cmd_plot(dirs, a["png"] or "curves.png")
+            json_path = a["json"] or None
         else:
-            if not a.ckpt:
-                die(f"{a.command} needs --ckpt=PATH")
-            ckpt, model, data = load(a.ckpt, a.data_dir, a.raw)
+            if not a["ckpt"]:
+                die(f"{cmd} needs --ckpt=PATH")
+            model, data = load(a["ckpt"], a["data_dir"], a["raw"])
             with torch.no_grad():
-                if a.command == "acc":
+                if cmd == "acc":
                     try:
-                        loops = [int(n) for n in a.n_loop.split(",")] if a.n_loop else list(range(1, model.config.n_loop + 2))
+                        loops = ([int(n) for n in a["n_loop"].split(",")] if a["n_loop"]
+                                 else list(range(1, model.config.n_loop + 2)))
                     except ValueError:
-                        die(f"--n_loop={a.n_loop!r} must be comma-separated integers")
+                        die(f"--n_loop={a['n_loop']!r} must be comma-separated integers")
                     if model.config.recurrence == "none":
                         loops = [n for n in loops if n <= model.config.n_loop]
                     res = cmd_acc(model, data, loops)
-                elif a.command == "lens":
+                elif cmd == "lens":
                     res = cmd_lens(model, data)
-                elif a.command == "sweep":
+                elif cmd == "sweep":
                     try:
-                        alphas = [float(x) for x in a.alphas.split(",")]
+                        alphas = [float(x) for x in a["alphas"].split(",")]
                     except ValueError:
-                        die(f"--alphas={a.alphas!r} must be comma-separated numbers")
-                    res = cmd_sweep(model, data, a.norm, alphas, a.png or None)
+                        die(f"--alphas={a['alphas']!r} must be comma-separated numbers")
+                    res = cmd_sweep(model, data, a["norm"], alphas, a["png"] or None)
                 else:
                     res = cmd_gate(model, data)
-            out_dir = a.ckpt if os.path.isdir(a.ckpt) else os.path.dirname(a.ckpt)
-            json_path = a.json or os.path.join(out_dir, f"probe_{a.command}.json")
+            out_dir = a["ckpt"] if os.path.isdir(a["ckpt"]) else os.path.dirname(a["ckpt"])
+            json_path = a["json"] or os.path.join(out_dir, f"probe_{cmd}.json")
         if json_path:
             with open(json_path, "w") as f:
                 json.dump(res, f, indent=1)

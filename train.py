@@ -238,10 +238,10 @@ if device_type == "cuda":
 
 torch.manual_seed(seed)  # same initial weights on every rank (DDP also broadcasts rank 0's)
 try:
-    model_args = {k: config[k] for k in model_fields}
-    GPTConfig(**model_args)
+    gpt_config = GPTConfig.from_dict(config)  # the config keys that are GPTConfig fields
 except ValueError as e:
     die(e)
+model_args = {k: config[k] for k in model_fields}  # stored in checkpoints
 if device_type == "cuda" and memory_check:
     # measured with fake tensors (nothing allocated), so an OOM-bound config stops here, not at step 1
     from memory import HEADROOM, format_plan, plan
@@ -253,7 +253,7 @@ if device_type == "cuda" and memory_check:
         die(f"the memory plan needs {mem_plan.total / 1e9:.1f} GB per rank, more than 90% of this GPU's "
             f"{capacity / 1e9:.0f} GB: lower batch_size (raise gradient_accumulation_steps), set "
             f"activation_checkpointing='block', or pass --memory_check=False to try anyway")
-model = GPT(GPTConfig(**model_args))
+model = GPT(gpt_config)
 if ckpt is not None:
     model.load_state_dict(strip_compile_prefix(ckpt["model"]))
 model.to(device)

@@ -98,7 +98,9 @@ def test_plot(tiny_ckpts, tmp_path):
     (["acc", "--ckpt=/nonexistent/ckpt.pt"], "not found"),
     (["acc"], "needs --ckpt"),
     (["plot", "/nonexistent"], "no metrics.jsonl"),
-    (["sweep", "--norm=l7"], "invalid choice"),
+    (["sweep", "--norm=l7"], "norm='l7' is invalid"),
+    (["lens", "--nrom=rms"], "did you mean 'norm'"),
+    (["nope"], "command 'nope' is invalid"),
 ])
 def test_bad_input(args, needle):
     r = run(["probe.py", *args])
