@@ -62,7 +62,7 @@ def script_defaults(path):
                 value = ast.literal_eval(node.value)
             except ValueError:
                 continue
-            if isinstance(value, (int, float, bool, str)):
+            if isinstance(value, (int, float, bool, str, dict)):
                 line = lines[node.lineno - 1]
                 out[node.targets[0].id] = (value, line.split("#", 1)[1].strip() if "#" in line else "")
     return out

@@ -112,8 +112,6 @@ def test_pretrain_config_plans_within_72_gb():
     p = plan(c, world_size=8)
     assert p.tokens_per_step == 1_048_576
     assert p.total <= HEADROOM * GPUS["H100 80GB"]
-    # and the same micro-batch without checkpointing would not fit: the key matters
-    assert plan({**c, "activation_checkpointing": "none"}, world_size=8).total > GPUS["H200 141GB"]
 
 
 def test_bench_plan_prints_the_plan():
