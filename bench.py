@@ -115,7 +115,10 @@ def main(argv):
         die(e)
     if c["threads"]:
         torch.set_num_threads(c["threads"])
-    device = resolve_device(c["device"])
+    try:
+        device = resolve_device(c["device"])
+    except ValueError as e:
+        die(e)
     dtype = resolve_dtype(c["dtype"], device)  # common.py: fp32 on a CPU where bf16 is slower
     ptdtype = DTYPES[dtype]
     ctx = autocast(device, dtype)

@@ -31,11 +31,18 @@ def table(header, rows):
 
 
 def resolve_device(device):
-    if device != "auto":
-        return device
-    if torch.cuda.is_available():
-        return "cuda"
-    return "mps" if torch.backends.mps.is_available() else "cpu"
+    """'auto' -> cuda, mps or cpu; anything else is checked (ValueError with one line)."""
+    if device == "auto":
+        if torch.cuda.is_available():
+            return "cuda"
+        return "mps" if torch.backends.mps.is_available() else "cpu"
+    if not (device in ("cpu", "cuda", "mps") or (device.startswith("cuda:") and device[5:].isdigit())):
+        raise ValueError(f"device={device!r} is invalid: allowed 'auto', 'cpu', 'cuda', 'cuda:N' or 'mps'")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"device={device!r} but CUDA is not available here: use device='cpu'")
+    if device == "mps" and not torch.backends.mps.is_available():
+        raise ValueError("device='mps' but MPS is not available here: use device='cpu'")
+    return device
 
 
 def cpu_has_bf16_flag():

@@ -204,7 +204,7 @@ def main(argv):
             raise ConfigError(f"the data of task(s) {tasks} could not be loaded ({name}; offline?): it must be in "
                               "the local Hugging Face cache (run once with network, then HF_DATASETS_OFFLINE=1), "
                               "or pass local task YAMLs with --include_path") from None
-    except (ConfigError, CheckpointError) as e:
+    except (ConfigError, CheckpointError, ValueError) as e:
         die(e)
     row = table2_row(res["results"], tasks)
     print(table(list(row), [[f"{v:.1f}" for v in row.values()]]))

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from checkpoint import CheckpointError, config_mismatch, load_checkpoint, model_from_checkpoint, read_metrics
 from configurator import ConfigError, configure, die
-from common import DataError, table
+from common import DataError, autocast, resolve_device, resolve_dtype, table
 from tasks import QAData, accuracy
 
 BRIDGE_POS = 1
@@ -286,6 +286,8 @@ DEFAULTS = dict(
     json="",          # output JSON (default: OUT_DIR/probe_<command>.json)
     raw=False,        # probe the raw weights, not the weight average (EMA)
     threads=0,        # CPU threads (0 = torch's choice)
+    device="auto",    # 'auto' | 'cpu' | 'cuda' (common.py's rule)
+    dtype="float32",  # probes measure: fp32 unless asked; 'auto' = common.py's rule, 'bfloat16'
 )
 
 
@@ -307,6 +309,12 @@ def main(argv):
     if a["threads"]:
         torch.set_num_threads(a["threads"])
     try:
+        device = resolve_device(a["device"])
+    except ValueError as e:
+        die(e)
+    if device != "cpu":
+        torch.set_default_device(device)  # data, model and every probe tensor are made there
+    try:
         if cmd == "plot":
             if not dirs:
                 die("plot needs one or more run folders")
@@ -316,7 +324,7 @@ def main(argv):
             if not a["ckpt"]:
                 die(f"{cmd} needs --ckpt=PATH")
             model, data = load(a["ckpt"], a["data_dir"], a["raw"])
-            with torch.no_grad():
+            with torch.no_grad(), autocast(device, resolve_dtype(a["dtype"], device)):
                 if cmd == "acc":
                     try:
                         loops = ([int(n) for n in a["n_loop"].split(",")] if a["n_loop"]

@@ -147,13 +147,10 @@ if not 0 <= ema_decay < 1:
 
 # distributed setup (nanoGPT's): torchrun sets RANK, LOCAL_RANK and WORLD_SIZE
 ddp = int(os.environ.get("RANK", -1)) != -1
-device = resolve_device(device)
-if not (device in ("cpu", "cuda", "mps") or (device.startswith("cuda:") and device[5:].isdigit())):
-    die(f"device={device!r} is invalid: allowed 'auto', 'cpu', 'cuda', 'cuda:N' or 'mps'")
-if device == "mps" and not torch.backends.mps.is_available():
-    die("device='mps' but MPS is not available here: use --device=cpu")
-if device.startswith("cuda") and not torch.cuda.is_available():
-    die(f"device={device!r} but CUDA is not available here: use --device=cpu")
+try:
+    device = resolve_device(device)
+except ValueError as e:
+    die(e)
 if ddp:
     rank, local_rank, world_size = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"])
     init_process_group(backend="nccl" if device.startswith("cuda") else "gloo")

@@ -65,6 +65,15 @@ def test_token_budget_and_60_40_mixture(corpus, tmp_path):
     assert abs(web / (web + math) - 0.6) < 0.06
 
 
+@pytest.mark.parametrize("max_tokens", [600, 1500])
+def test_mixture_holds_at_a_small_budget(corpus, tmp_path, max_tokens):
+    """A 1,024-document batch from one source must not fill a small budget alone."""
+    meta = prep.prepare(config(corpus, str(tmp_path / "s"), max_tokens=max_tokens, val_tokens=300, batch_docs=1024))
+    web, math = meta["source_tokens"]
+    assert sum(n for _, n in meta["shards"]["train"]) == max_tokens
+    assert abs(web / (web + math) - 0.6) < 0.06, (web, math)
+
+
 def test_resume_skips_finished_shards(corpus, tmp_path):
     out = str(tmp_path / "s")
     full = prep.prepare(config(corpus, str(tmp_path / "ref")))

@@ -13,6 +13,7 @@ Mixing by tokens: the next document always comes from the source furthest below 
 the tokens written so far, so the mixture is exact at every shard and deterministic.
 Tokenization runs in `num_proc` threads (tiktoken's encode_ordinary_batch releases the GIL).
 """
+import collections
 import json
 import os
 import sys
@@ -177,22 +178,30 @@ def prepare(c, enc=None):
     if state.get("pending"):
         buf = np.fromfile(os.path.join(out, state["pending"]), dtype=dtype)
 
+    pieces = [buf]  # token arrays not yet in a shard, in order (joined only when a shard is cut)
+
+    def next_shard():
+        n_val = sum(n for _, n in state["shards"]["val"])
+        split = "val" if n_val < c["val_tokens"] else "train"
+        return split, min(c["val_tokens"] - n_val if split == "val" else c["shard_tokens"], budget - written)
+
     def cut(final=False):
-        """Write every complete shard in buf: the first val_tokens are validation, then train."""
-        nonlocal buf, written
+        """Write every complete shard: the first val_tokens are validation, then train."""
+        nonlocal pieces, written
+        have = sum(len(p) for p in pieces)
         while written < budget:
-            n_val = sum(n for _, n in state["shards"]["val"])
-            split = "val" if n_val < c["val_tokens"] else "train"
-            size = min(c["val_tokens"] - n_val if split == "val" else c["shard_tokens"], budget - written)
-            if len(buf) < size and not (final and len(buf)):
+            split, size = next_shard()
+            if have < size and not (final and have):
                 return
+            buf = np.concatenate(pieces)
             piece, buf = buf[:size], buf[size:]
+            pieces, have = [buf], len(buf)
             name = f"{split}_{len(state['shards'][split]):06d}.bin"
             write_atomic(os.path.join(out, name), piece)
             state["shards"][split].append([name, len(piece)])
             written += len(piece)
             bar.update(len(piece))
-            # consumed documents whose tokens are not in a shard yet are kept in a pending file,
+            # merged documents whose tokens are not in a shard yet are kept in a pending file,
             # named in the state, so a resumed run continues with exactly the same stream
             pending = f"pending_{len(state['shards']['train']) + len(state['shards']['val']):06d}.bin"
             write_atomic(os.path.join(out, pending), buf)
@@ -206,20 +215,29 @@ def prepare(c, enc=None):
 
     quota = weights * budget  # each source's token share (reported when a source runs out)
     names = c["data_files"].split(",")
-    while written + len(buf) < budget and any(alive):
-        i = int(np.argmin(np.where(alive, tokens / weights, np.inf)))  # furthest below its token share
-        texts = [t for _, t in zip(range(c["batch_docs"]), iters[i])]
-        if not texts:  # the others fill the rest: said loudly, and the realized mix is printed at the end
-            print(f"warning: source {names[i]!r} ran out after {int(tokens[i]):,} tokens, before its share of "
-                  f"{int(quota[i]):,}", file=sys.stderr)
-            alive[i] = False
-            continue
-        ids = enc.encode_ordinary_batch(texts, num_threads=c["num_proc"])
-        flat = np.fromiter((t for doc in ids for t in doc + [enc.eot_token]), dtype=dtype)
-        buf = np.concatenate([buf, flat])
-        consumed[i] += len(texts)
-        tokens[i] += len(flat)
-        cut()
+    queues = [collections.deque() for _ in range(n_src)]  # encoded documents not merged yet
+    pending_len = len(buf)
+    while written + pending_len < budget and any(alive):
+        # one DOCUMENT at a time from the source furthest below its token share: the mix holds at any
+        # budget (within one document), and the stream does not depend on the budget or on batch_docs,
+        # so a run with a larger max_tokens resumes a smaller one exactly
+        i = int(np.argmin(np.where(alive, tokens / weights, np.inf)))
+        if not queues[i]:
+            texts = [t for _, t in zip(range(c["batch_docs"]), iters[i])]
+            if not texts:  # the others fill the rest: said loudly, and the realized mix is printed at the end
+                print(f"warning: source {names[i]!r} ran out after {int(tokens[i]):,} tokens, before its share of "
+                      f"{int(quota[i]):,}", file=sys.stderr)
+                alive[i] = False
+                continue
+            queues[i].extend(enc.encode_ordinary_batch(texts, num_threads=c["num_proc"]))
+        doc = np.asarray(queues[i].popleft() + [enc.eot_token], dtype=dtype)
+        pieces.append(doc)
+        pending_len += len(doc)
+        consumed[i] += 1  # documents merged (a resumed run skips exactly these)
+        tokens[i] += len(doc)
+        if pending_len >= next_shard()[1]:
+            cut()
+            pending_len = sum(len(p) for p in pieces)
     cut(final=True)
     bar.close()
     if not state["shards"]["train"]:
