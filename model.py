@@ -11,6 +11,9 @@ f_theta is the stack `transformer.h` (n_layer blocks). The recurrences (paper no
            (blocks + final norm) on e and add the expected embedding, e <- e + Phi(h); one last full
            pass gives the logits. "3 pondering steps" there = K = 4 here.
 The LM head is ln_f followed by the tied projection W^T, and Phi decodes with that same head.
+per_loop_norm (Ouro's modeling_ouro.py): ln_f is applied to every loop's output and the normed state
+feeds the next loop; the head and Phi then read that state as it is (no second norm). DiscoLoop's
+order is then: h = ln_f(f(H~)), Phi(h), H~ = h + a * RMSNorm(Phi(h)).
 """
 import math
 from dataclasses import dataclass, fields
@@ -41,6 +44,9 @@ class GPTConfig:
     rope_theta: float = 10000.0
     pos_every_loop: bool = False  # learned positions: add them before every loop, not only to the tokens
     sandwich_norm: bool = False  # Ouro-style: also norm each sublayer's output before the residual add
+    per_loop_norm: bool = False  # Ouro: ln_f after every loop, and the normed state feeds the next loop
+    ponder_scale_embeds: bool = False     # PonderLM's scale_embeds: the input embedding times sqrt(d)
+    ponder_multiply_steps: bool = False   # PonderLM's mutiply_pondering_steps: the input embedding times K-1
     norm: str = "rmsnorm"      # "rmsnorm" or "layernorm" (GPT-2) for the blocks and ln_f
     mlp: str = "swiglu"        # "swiglu" or "gelu" (GPT-2: 4d hidden)
     bias: bool = False         # biases in Linear layers and LayerNorm (GPT-2 has them)
@@ -339,7 +345,11 @@ class GPT(nn.Module):
     # ---- pieces of the recurrence -------------------------------------------------------------
     def head(self, h):
         """LM head: final RMSNorm, then the tied projection. Logits in the activation dtype."""
-        return self.lm_head(self.transformer.ln_f(h))
+        return self.lm_head(self.normed(h))
+
+    def normed(self, h):
+        """What the head reads: ln_f(h), or h itself when every loop's output is already normed."""
+        return h if self.config.per_loop_norm else self.transformer.ln_f(h)
 
     def f_theta(self, x, copy=0):
         """One application of f_theta; `copy` picks the untied copy for recurrence='none'."""
@@ -354,19 +364,23 @@ class GPT(nn.Module):
     def phi(self, h):
         """Decode-then-encode Phi(h) = softmax(head(h)/tau) @ W, exact or top-k (Appendix B; TopkPhi).
         Exact Phi decodes `disco_chunk` positions at a time; its (B, chunk, V) probabilities are kept
-        for backward, which is what top-k avoids."""
+        for backward, which is what top-k avoids, unless activation_checkpointing='block', which then
+        recomputes each chunk in backward (PonderLM's exact Phi at the 440M shape needs it)."""
         cfg = self.config
         W = self.transformer.wte.weight
-        x = self.transformer.ln_f(h)
+        x = self.normed(h)
         chunk = cfg.disco_chunk or x.size(1)
         if cfg.disco_topk:
             return TopkPhi.apply(x, W, cfg.disco_topk, cfg.disco_tau, chunk).to(h.dtype)
-        out = []
-        for xs in x.split(chunk, dim=1):
-            logits = F.linear(xs, W)  # activation dtype; only what softmax needs gets upcast
-            scaled = logits / cfg.disco_tau if cfg.disco_tau != 1 else logits
-            out.append((F.softmax(scaled, dim=-1, dtype=upcast(logits).dtype) @ W).to(h.dtype))
-        return torch.cat(out, dim=1)
+        recompute = cfg.activation_checkpointing == "block" and torch.is_grad_enabled()
+        out = [checkpoint(self.exact_phi, xs, W, use_reentrant=False) if recompute else self.exact_phi(xs, W)
+               for xs in x.split(chunk, dim=1)]
+        return torch.cat(out, dim=1).to(h.dtype)
+
+    def exact_phi(self, xs, W):
+        logits = F.linear(xs, W)  # (B, chunk, V) in the activation dtype; only softmax upcasts
+        scaled = logits / self.config.disco_tau if self.config.disco_tau != 1 else logits
+        return F.softmax(scaled, dim=-1, dtype=upcast(logits).dtype) @ W
 
     def inject(self, h):
         """H~ = H + a * RMSNorm(Phi(H)) (Eq. 3), with the fixed or learned gate (Eq. 5)."""
@@ -399,7 +413,7 @@ class GPT(nn.Module):
         if targets is None:
             return self.head(h), None
         cfg = self.config
-        loss = linear_cross_entropy(self.transformer.ln_f(h), self.lm_head.weight, targets, cfg.loss_chunk,
+        loss = linear_cross_entropy(self.normed(h), self.lm_head.weight, targets, cfg.loss_chunk,
                                     cfg.label_smoothing)
         return None, loss
 
@@ -414,6 +428,11 @@ class GPT(nn.Module):
             raise ValueError(f"n_loop={K} is invalid: allowed 1.."
                              f"{cfg.n_loop if cfg.recurrence == 'none' else 'any'} for recurrence={cfg.recurrence}")
         x = self.transformer.wte(idx)  # (B, T, d)
+        if cfg.recurrence == "ponder":  # the reference's embedding scalings (hzby/PonderingLM)
+            if cfg.ponder_scale_embeds:
+                x = x * math.sqrt(cfg.n_embd)
+            if cfg.ponder_multiply_steps:
+                x = x * max(1, cfg.n_loop - 1)
         pos = self.transformer.wpe(torch.arange(T, device=idx.device)) if cfg.pos_emb == "learned" else None
         if pos is not None and cfg.recurrence != "ponder":
             x = x + pos  # positions enter once, with the tokens (GPT-2 style)
@@ -422,11 +441,15 @@ class GPT(nn.Module):
             if cfg.recurrence == "ponder":
                 # the whole model on the current embedding; PonderLM's GPT-2 adds positions every pass
                 h = self.f_theta(x + pos if pos is not None else x)
+                if cfg.per_loop_norm:
+                    h = self.transformer.ln_f(h)
                 x_next = h if last else x + self.phi(h)
             else:
                 if pos is not None and cfg.pos_every_loop and k > 1:
                     x = x + pos
                 h = self.f_theta(x, copy=k - 1 if cfg.recurrence == "none" else 0)
+                if cfg.per_loop_norm:  # Ouro: the normed state is what the next loop (and Phi) sees
+                    h = self.transformer.ln_f(h)
                 x_next = self.inject(h) if cfg.recurrence == "disco" and not last else h
             if hook is not None:
                 replaced = hook(k, h, x_next)
@@ -449,4 +472,6 @@ class GPT(nn.Module):
         total = 6 * (n_block_params * passes + head) + extra + 12 * L * cfg.n_embd * T
         if recompute:
             total += 2 * n_block_params * passes + 4 * L * cfg.n_embd * T
+            if cfg.recurrence in ("disco", "ponder") and not cfg.disco_topk:  # exact Phi chunks run again
+                total += (cfg.n_loop - 1) * 4 * head
         return total

@@ -3,7 +3,7 @@
 # K=4, top-k Phi with k=128, on 20B tokens of 60% FineWeb-Edu + 40% FineMath-4plus.
 #   torchrun --standalone --nproc_per_node=8 train.py config/pretrain.py
 #   ... --recurrence=loop --out_dir=out/pretrain_loop          (vanilla loop baseline, Eq. 1)
-#   ... --recurrence=ponder --out_dir=out/pretrain_ponder      (PonderLM: 4 passes = 3 pondering steps)
+#   PonderLM: config/pretrain_ponder.py (its recipe differs: exact Phi, the reference's embedding scalings)
 # Tokens per step: 128 sequences x 8192 = 1,048,576; 19,074 steps = 20,000,538,624 tokens.
 # Memory (python bench.py plan config/pretrain.py; measured with fake tensors, see README):
 #   8 x 80 GB (this file): 8 sequences per GPU x 2 micro-steps, block checkpointing -> 43.3 GB per rank
@@ -29,6 +29,7 @@ bias = False
 pos_emb = "rope"
 rope_theta = 1e6
 sandwich_norm = True
+per_loop_norm = True                 # Ouro's forward: ln_f after every loop, the normed state feeds the next
 dropout = 0.0
 recurrence = "disco"
 n_loop = 4

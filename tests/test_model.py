@@ -35,6 +35,8 @@ def reference(model, idx, K):
         return x
 
     def head(h):
+        if cfg.per_loop_norm:  # h is already ln_f(f(...))
+            return h @ W.T
         if cfg.norm == "layernorm":
             return F.layer_norm(h, (h.size(-1),), tr.ln_f.weight, tr.ln_f.bias) @ W.T
         return rmsnorm(h, tr.ln_f.weight) @ W.T
@@ -48,9 +50,11 @@ def reference(model, idx, K):
 
     x = W[idx]
     if cfg.recurrence == "ponder":
-        e = x
+        e = x * (cfg.n_embd ** 0.5 if cfg.ponder_scale_embeds else 1) * (K - 1 if cfg.ponder_multiply_steps else 1)
         for k in range(K):
             h = f(e + pos)
+            if cfg.per_loop_norm:
+                h = rmsnorm(h, tr.ln_f.weight)
             if k < K - 1:
                 e = e + phi(h)
         return head(h)
@@ -59,6 +63,8 @@ def reference(model, idx, K):
         if k > 0 and cfg.pos_every_loop:
             x = x + pos
         h = f(x, copy=k if cfg.recurrence == "none" else 0)
+        if cfg.per_loop_norm:  # Ouro: norm, then Phi of the normed state, then the injection
+            h = rmsnorm(h, tr.ln_f.weight)
         if cfg.recurrence == "disco" and k < K - 1:
             p = phi(h)
             if cfg.disco_gate == "learned":
@@ -75,7 +81,12 @@ CASES = [("none", {}), ("loop", {}), ("disco", {}), ("disco", {"disco_topk": 5})
          ("disco", {"disco_gate": "learned"}), ("disco", {"disco_gate": "learned", "disco_topk": 3, "disco_tau": 0.7}),
          ("disco", {"disco_alpha": 0.4, "disco_chunk": 3}), ("ponder", {}), ("ponder", {"disco_topk": 4}),
          ("disco", {"pos_every_loop": True}), ("loop", {"pos_every_loop": True, "sandwich_norm": True}),
-         ("disco", {"mlp": "gelu", "norm": "layernorm", "bias": True})]
+         ("disco", {"mlp": "gelu", "norm": "layernorm", "bias": True}),
+         ("disco", {"per_loop_norm": True, "sandwich_norm": True}), ("loop", {"per_loop_norm": True}),
+         ("ponder", {"per_loop_norm": True}), ("none", {"per_loop_norm": True}),
+         ("disco", {"per_loop_norm": True, "disco_topk": 5, "disco_gate": "learned"}),
+         ("ponder", {"ponder_scale_embeds": True, "ponder_multiply_steps": True}),
+         ("ponder", {"disco_chunk": 4, "activation_checkpointing": "block"})]
 
 
 @pytest.mark.parametrize("K", [2, 3])

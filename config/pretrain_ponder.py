@@ -1,0 +1,56 @@
+# PonderLM baseline of Sec. 5.3 (Zeng et al. 2025, hzby/PonderingLM): config/pretrain.py's backbone, data
+# and optimizer, with the recurrence in embedding space only: 4 full passes = 3 pondering steps. As the
+# reference: exact Phi over the whole vocabulary (the paper prescribes top-k for DiscoLoop only), and
+# its pretraining scripts' --scale_embeds true --mutiply_pondering_steps true. Exact Phi keeps
+# (B, chunk, V) probabilities: with block checkpointing each Phi chunk is recomputed in backward.
+#   torchrun --standalone --nproc_per_node=8 train.py config/pretrain_ponder.py
+out_dir = "out/pretrain_ponder"
+dataset = "pretrain"
+data_dir = "data/pretrain/shards"    # python data/pretrain/prepare.py (cl100k_base, see README)
+vocab_size = 129280                  # the paper's (DeepSeek-V3) vocabulary size; cl100k_base uses the first 100,277 rows
+block_size = 8192
+batch_size = 8                       # sequences per GPU and micro-step
+gradient_accumulation_steps = 16     # in total: 8 GPUs x 2, or 16 GPUs x 1 -> 128 sequences per step
+activation_checkpointing = "block"   # keep each block's input only; ~31 GB of activations instead of ~470
+loss_chunk = 1024                    # head + cross-entropy 1024 positions at a time: never (8, 8192, V) logits
+n_layer = 24
+n_head = 16
+n_embd = 1024
+n_hidden = 2816                      # Ouro's 2.75 x d SwiGLU width
+norm = "rmsnorm"
+mlp = "swiglu"
+bias = False
+pos_emb = "rope"
+rope_theta = 1e6
+sandwich_norm = True
+per_loop_norm = True                 # Ouro's forward: ln_f after every loop, the normed state feeds the next
+dropout = 0.0
+recurrence = "ponder"
+ponder_scale_embeds = True
+ponder_multiply_steps = True
+n_loop = 4
+disco_gate = "fixed"
+disco_alpha = 1.0
+disco_tau = 1.0
+disco_topk = 0                       # exact Phi, as the reference
+disco_chunk = 1024                   # decode Phi 1024 positions at a time: bounds the B x chunk x V logits
+label_smoothing = 0.0
+optimizer = "muon"                   # Muon on block matrices, AdamW (eps 1e-15) on embeddings/norms/gates
+learning_rate = 3e-3
+adam_eps = 1e-15
+beta1 = 0.9
+beta2 = 0.95
+weight_decay = 0.1
+muon_momentum = 0.95
+grad_clip = 1.0
+lr_schedule = "linear"
+warmup_iters = 1000
+max_iters = 19074
+lr_decay_iters = 19074
+min_lr = 1e-5
+eval_interval = 500
+eval_iters = 20
+eval_batch_size = 8
+log_interval = 10
+compile = True
+dtype = "auto"                       # bf16 on GPUs that have it
