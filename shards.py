@@ -1,7 +1,9 @@
 """
-Token shards for LM pretraining: memmapped flat token files written by data/pretrain/prepare.py,
-read as random windows. A window's position is a pure function of (seed, iteration, micro-batch),
-so resuming and DDP see exactly the batches a single process would.
+Token shards for LM pretraining: memmapped flat token files written by data/pretrain/prepare.py.
+Training reads every token at most once per pass: the shards are cut into windows of block_size
+tokens (plus the next token as the last target), which are visited in a seeded random order without
+replacement; a new pass (epoch) draws a new order. Which windows a micro-batch gets is a pure function
+of (seed, iteration, micro-batch), so resuming and DDP see exactly the batches one process would.
 """
 import contextlib
 import json
@@ -69,6 +71,27 @@ class TokenShards:
         return xy[:, :-1], xy[:, 1:]
 
 
+class WindowOrder:
+    """The training windows of some shards in a seeded order without replacement."""
+
+    def __init__(self, sizes, T, seed):
+        self.counts = np.maximum((sizes - 1) // T, 0)  # windows start at multiples of T and need T + 1 tokens
+        self.first = np.concatenate([[0], np.cumsum(self.counts)])  # index of each shard's first window
+        self.total, self.T, self.seed, self.cached = int(self.first[-1]), T, seed, (None, None)
+
+    def perm(self, epoch):
+        if self.cached[0] != epoch:
+            self.cached = (epoch, np.random.default_rng([self.seed, epoch]).permutation(self.total))
+        return self.cached[1]
+
+    def __call__(self, positions):
+        """Global window positions (0, 1, 2, ... over the whole run) -> (shard, start token) pairs."""
+        epoch, k = np.divmod(positions, self.total)
+        w = np.array([self.perm(e)[i] for e, i in zip(epoch, k)])
+        shard = np.searchsorted(self.first, w, side="right") - 1
+        return shard, (w - self.first[shard]) * self.T
+
+
 class TokenData:
     """The train and val shards of a folder behind the interface train.py uses for every dataset
     (as tasks.QAData): vocab_size, config, seq_len, steps_per_epoch, get_batch, evaluate."""
@@ -78,6 +101,7 @@ class TokenData:
         self.train.check_window(block_size)
         self.val.check_window(block_size)
         self.seq_len, self.eval_batches, self.seed = block_size, eval_batches, seed
+        self.order = WindowOrder(self.train.sizes, block_size, seed)
         self.vocab_size = self.train.vocab_size
         self.config = self.train.meta.get("config", {})  # what generated the shards
 
@@ -85,8 +109,14 @@ class TokenData:
         return 0  # a token budget, not epochs
 
     def get_batch(self, it, global_batch, part, n_parts, seed):
-        """Part `part` of `n_parts` of iteration `it`'s global batch: a pure function of its arguments."""
-        return self.train.get_batch(global_batch // n_parts, self.seq_len, [seed, it, part])
+        """Part `part` of `n_parts` of iteration `it`'s global batch: the next windows in the order,
+        (x, y) long tensors (B, T)."""
+        B = global_batch // n_parts
+        shard, start = self.order(it * global_batch + part * B + np.arange(B))
+        T = self.seq_len
+        xy = torch.from_numpy(np.stack([np.asarray(self.train.arrays[s][i:i + T + 1], dtype=np.int64)
+                                        for s, i in zip(shard, start)]))  # (B, T + 1)
+        return xy[:, :-1], xy[:, 1:]
 
     @torch.no_grad()
     def evaluate(self, model, batch_size, device="cpu", ctx=None, should_stop=None):

@@ -144,3 +144,17 @@ def test_pretrain_resume(tiny_shards, tmp_path):
     a = [strip(json.loads(line)) for line in open(os.path.join(out, "metrics.jsonl"))]
     b = [strip(json.loads(line)) for line in open(os.path.join(ref, "metrics.jsonl"))]
     assert a[-1]["val_loss"] == b[-1]["val_loss"]
+
+
+def test_training_windows_without_replacement():
+    """One pass visits every window once, in a seeded order; the next pass draws a new order."""
+    from shards import WindowOrder
+    order = WindowOrder(np.array([1000, 257, 64]), 64, seed=3)
+    assert order.total == 15 + 4 + 0
+    shard, start = order(np.arange(order.total))
+    assert len(set(zip(shard.tolist(), start.tolist()))) == order.total  # no window twice
+    assert all(s + 64 + 1 <= [1000, 257, 64][sh] for sh, s in zip(shard, start))
+    again = order(np.arange(order.total, 2 * order.total))
+    assert sorted(zip(*again)) == sorted(zip(shard, start)) and list(zip(*again)) != list(zip(shard, start))
+    same = WindowOrder(np.array([1000, 257, 64]), 64, seed=3)(np.arange(5))
+    assert np.array_equal(same[1], start[:5])

@@ -24,7 +24,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, REPO)
 from configurator import ConfigError, configure, die  # noqa: E402
 
-HUB_SOURCES = "hf:HuggingFaceFW/fineweb-edu:sample-10BT,hf:HuggingFaceTB/finemath:finemath-4plus"
+HUB_SOURCES = "hf:HuggingFaceFW/fineweb-edu:sample-100BT,hf:HuggingFaceTB/finemath:finemath-4plus"
 DEFAULTS = dict(
     out_dir=os.path.join(REPO, "data", "pretrain", "shards"),  # folder of token shards + meta.json
     data_files=HUB_SOURCES,    # comma list of sources: hf:NAME:CONFIG, .parquet/.jsonl files, or synthetic:web|math
