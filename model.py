@@ -336,6 +336,17 @@ class GPT(nn.Module):
         if isinstance(module, nn.Linear) and module.bias is not None:
             nn.init.zeros_(module.bias)
 
+    def projection_splits(self):
+        """{fused weight: row sizes of the separate projections inside it}: q, k, v in c_attn, and
+        gate, up in a SwiGLU c_fc (for Muon, which must see them as the separate matrices they are)."""
+        d, out = self.config.n_embd, {}
+        for block in self.transformer.h:
+            out[block.attn.c_attn.weight] = [d, d, d]
+            if block.mlp.swiglu:
+                h = block.mlp.c_fc.weight.size(0) // 2
+                out[block.mlp.c_fc.weight] = [h, h]
+        return out
+
     def get_num_params(self, non_embedding=True):
         n = sum(p.numel() for p in self.parameters())
         if non_embedding and self.config.pos_emb == "learned":

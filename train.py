@@ -29,6 +29,7 @@ from common import DTYPES, DataError, autocast, resolve_device, resolve_dtype
 from checkpoint import RESUME_KEYS, CheckpointError, append_metrics, lock_run_folder, read_metrics, config_mismatch, load_checkpoint, save_checkpoint, strip_compile_prefix
 from configurator import ConfigError, configure, die, merge
 from model import GPT, GPTConfig
+from muon import SplitMuon
 from shards import TokenData
 from tasks import QAData
 
@@ -270,9 +271,9 @@ def configure_optimizers(model):
     opts = [torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay},
                                {"params": no_decay, "weight_decay": 0.0}],
                               lr=learning_rate, betas=(beta1, beta2), eps=adam_eps, fused=fused)]
-    if muon_names:
-        opts.append(torch.optim.Muon([params[n] for n in muon_names], lr=learning_rate, weight_decay=weight_decay,
-                                     momentum=muon_momentum, adjust_lr_fn="match_rms_adamw"))
+    if muon_names:  # q, k, v and gate, up orthogonalized apart, as separate projections (muon.py)
+        opts.append(SplitMuon([params[n] for n in muon_names], model.projection_splits(), lr=learning_rate,
+                              weight_decay=weight_decay, momentum=muon_momentum, adjust_lr_fn="match_rms_adamw"))
     return opts
 
 

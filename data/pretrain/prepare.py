@@ -14,6 +14,7 @@ the tokens written so far, so the mixture is exact at every shard and determinis
 Tokenization runs in `num_proc` threads (tiktoken's encode_ordinary_batch releases the GIL).
 """
 import collections
+import glob
 import json
 import os
 import sys
@@ -103,7 +104,11 @@ def synthetic_documents(kind, seed=0):
 
 def open_source(spec, text_column):
     """An iterator of document strings: 'hf:NAME:CONFIG' streams from the hub, 'synthetic:web' /
-    'synthetic:math' generate toy text, anything else is a local .parquet/.jsonl/.json file."""
+    'synthetic:math' generate toy text, a folder gives each of its .txt files (sorted, recursively) as
+    one document, anything else is a local .parquet/.jsonl/.json file."""
+    if os.path.isdir(spec):
+        return (open(p, encoding="utf-8", errors="replace").read()
+                for p in sorted(glob.glob(os.path.join(spec, "**", "*.txt"), recursive=True)))
     if spec.startswith("synthetic:"):
         if spec not in ("synthetic:web", "synthetic:math"):
             raise ConfigError(f"source '{spec}' is invalid: allowed synthetic:web, synthetic:math")
