@@ -158,3 +158,24 @@ def test_training_windows_without_replacement():
     assert sorted(zip(*again)) == sorted(zip(shard, start)) and list(zip(*again)) != list(zip(shard, start))
     same = WindowOrder(np.array([1000, 257, 64]), 64, seed=3)(np.arange(5))
     assert np.array_equal(same[1], start[:5])
+
+
+def test_hugging_face_tokenizer_file(corpus, tmp_path):
+    """The paper's tokenizer comes as a tokenizer.json: a tiny one trained here stands in for it."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(DOCS["web"] + DOCS["math"], trainers.BpeTrainer(
+        vocab_size=400, special_tokens=["<unk>", "<eot>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    path = str(tmp_path / "tokenizer.json")
+    tok.save(path)
+    out = str(tmp_path / "s")
+    meta = prep.prepare(config(corpus, out, tokenizer_file=path, tokenizer_eot="<eot>"))
+    enc = prep.get_encoding({**prep.DEFAULTS, "tokenizer_file": path, "tokenizer_eot": "<eot>"})
+    assert meta["encoding"] == "hf:tokenizer.json" and meta["vocab_size"] == tok.get_vocab_size()
+    docs = enc.decode(read_all(out, meta).tolist()).split("<eot>")
+    assert sorted(d for d in docs if d) == sorted(DOCS["web"] + DOCS["math"])
+    r = run(["data/pretrain/prepare.py", f"--out_dir={tmp_path}/x", f"--data_files={corpus}", f"--tokenizer_file={path}",
+             "--tokenizer_eot=<nope>"])
+    assert r.returncode == 2 and "tokenizer_eot='<nope>'" in r.stderr

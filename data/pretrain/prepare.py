@@ -33,13 +33,16 @@ DEFAULTS = dict(
     text_column="text",        # the documents' text field
     encoding="cl100k_base",    # tiktoken encoding, or 'bytes'
     tiktoken_file="",          # a local ranks file for the encoding (offline)
+    tokenizer_file="",         # a Hugging Face tokenizer.json instead of tiktoken, e.g. DeepSeek-V3's (the paper's)
+    tokenizer_eot="<｜end▁of▁sentence｜>",  # with tokenizer_file: the token that ends every document
     max_tokens=20_000_000_000,  # training tokens to write
     val_tokens=10_000_000,     # validation tokens (written first)
     shard_tokens=100_000_000,  # tokens per shard file
     batch_docs=1024,           # documents tokenized per batch
     num_proc=8,                # tokenizer processes
 )
-GENERATOR_KEYS = ["data_files", "weights", "text_column", "encoding", "tiktoken_file", "val_tokens", "shard_tokens"]
+GENERATOR_KEYS = ["data_files", "weights", "text_column", "encoding", "tiktoken_file", "tokenizer_file",
+                  "tokenizer_eot", "val_tokens", "shard_tokens"]
 GPT2_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"  # r50k_base / gpt2.tiktoken
 # the regex tiktoken uses for GPT-2 (r50k_base); for --tiktoken_file with GPT-2 ranks
 GPT2_PAT = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
@@ -52,8 +55,39 @@ def byte_encoding():
                              special_tokens={"<|endoftext|>": 256})
 
 
+class HFEncoding:
+    """tiktoken's Encoding interface (what prepare.py and eval_harness.py use) over a Hugging Face
+    tokenizer.json, through the `tokenizers` library made for that format: DeepSeek-V3's tokenizer,
+    the paper's, has a pre-tokenizer that tiktoken's single regex cannot express."""
+
+    def __init__(self, path, eot):
+        from tokenizers import Tokenizer
+        try:
+            self.tok = Tokenizer.from_file(path)
+        except Exception as e:
+            raise ConfigError(f"tokenizer_file '{path}' is not a usable tokenizer.json ({type(e).__name__})") from None
+        self.name = "hf:" + os.path.basename(path)
+        self.n_vocab = self.tok.get_vocab_size(with_added_tokens=True)
+        self.eot_token = self.tok.token_to_id(eot)
+        if self.eot_token is None:
+            raise ConfigError(f"tokenizer_eot={eot!r} is not a token of '{path}'")
+
+    def encode_ordinary(self, text):
+        return self.tok.encode(text, add_special_tokens=False).ids
+
+    def encode_ordinary_batch(self, texts, num_threads=1):
+        return [e.ids for e in self.tok.encode_batch(texts, add_special_tokens=False)]
+
+    def decode(self, ids):
+        return self.tok.decode(ids, skip_special_tokens=False)
+
+
 def get_encoding(c):
     import tiktoken
+    if c.get("tokenizer_file"):
+        if not os.path.isfile(c["tokenizer_file"]):
+            raise ConfigError(f"tokenizer_file '{c['tokenizer_file']}' not found")
+        return HFEncoding(c["tokenizer_file"], c.get("tokenizer_eot", DEFAULTS["tokenizer_eot"]))
     if c["encoding"] == "bytes":
         return byte_encoding()
     if c["tiktoken_file"]:  # offline: a local ranks file, e.g. GPT-2's (see README)
