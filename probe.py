@@ -224,6 +224,9 @@ def cmd_plot(dirs, png):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    if all(any("val_loss" in m for m in read_metrics(os.path.join(d, "metrics.jsonl"))) for d in dirs
+           if os.path.isfile(os.path.join(d, "metrics.jsonl"))):
+        return plot_pretraining(dirs, png, plt)
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.6))
     out = {}
     for i, d in enumerate(dirs):
@@ -257,6 +260,35 @@ def cmd_plot(dirs, png):
                  + [v["first"][f"{s}>={t}"] for s in ("test_id", "test_ood") for t in (0.8, 0.9)]
                  for k, v in out.items()]))
     print("(crossings: first evaluation at or above the threshold, as 'epoch (minutes)')")
+    print(f"wrote {png}")
+    return out
+
+
+def plot_pretraining(dirs, png, plt):
+    """Validation and training loss against tokens, for token-shard runs (no QA splits)."""
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.6))
+    out = {}
+    for i, d in enumerate(dirs):
+        ms = read_metrics(os.path.join(d, "metrics.jsonl"))
+        with open(os.path.join(d, "config.json")) as f:
+            c = json.load(f)
+        per_iter = c["batch_size"] * c["gradient_accumulation_steps"] * c["block_size"]
+        label = os.path.basename(os.path.normpath(d))
+        v = [m for m in ms if "val_loss" in m]
+        t = [m for m in ms if "loss" in m]
+        ax1.plot([m["iter"] * per_iter / 1e6 for m in v], [m["val_loss"] for m in v], color=f"C{i}", label=label)
+        ax2.plot([m["iter"] * per_iter / 1e6 for m in t], [m["loss"] for m in t], color=f"C{i}", label=label)
+        out[label] = {"iter": v[-1]["iter"], "tokens": v[-1]["iter"] * per_iter, "val_loss": v[-1]["val_loss"],
+                      "best_val_loss": min(m["val_loss"] for m in v), "minutes": round(v[-1]["time"] / 60, 1)}
+    ax1.set(xlabel="tokens (M)", ylabel="validation loss", title="validation loss")
+    ax2.set(xlabel="tokens (M)", ylabel="training loss (logged)", title="training loss")
+    for ax in (ax1, ax2):
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+    print(table(["run", "iterations", "tokens", "minutes", "last val_loss", "best val_loss"],
+                [[k, v["iter"], f"{v['tokens']:,}", v["minutes"], v["val_loss"], v["best_val_loss"]]
+                 for k, v in out.items()]))
     print(f"wrote {png}")
     return out
 
