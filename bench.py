@@ -20,7 +20,7 @@ import time
 
 import torch
 
-from common import DTYPES, autocast, resolve_device, resolve_dtype, table
+from common import DTYPES, autocast, resolve_dtype, setup, table
 from configurator import ConfigError, configure, die
 from model import GPT, GPTConfig
 
@@ -113,10 +113,8 @@ def main(argv):
             raise ConfigError(f"variants={c['variants']!r} is invalid: a comma list of {list(VARIANTS)} including loop")
     except ConfigError as e:
         die(e)
-    if c["threads"]:
-        torch.set_num_threads(c["threads"])
     try:
-        device = resolve_device(c["device"])
+        device = setup(c["device"], c["threads"])
     except ValueError as e:
         die(e)
     dtype = resolve_dtype(c["dtype"], device)  # common.py: fp32 on a CPU where bf16 is slower

@@ -30,6 +30,13 @@ def table(header, rows):
     return "\n".join(lines)
 
 
+def setup(device, threads=0):
+    """Thread count, then the resolved device (ValueError with one line for a bad one)."""
+    if threads:
+        torch.set_num_threads(threads)
+    return resolve_device(device)
+
+
 def resolve_device(device):
     """'auto' -> cuda, mps or cpu; anything else is checked (ValueError with one line)."""
     if device == "auto":

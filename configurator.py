@@ -68,6 +68,15 @@ def script_defaults(path):
     return out
 
 
+def cli(fn, defaults, argv, doc="", source=None):
+    """A script's main: configure(), then fn(config); a ConfigError from either is one line, exit 2."""
+    try:
+        c = configure(defaults, argv, doc, source)
+        return c, fn(c)
+    except ConfigError as e:
+        die(e)
+
+
 def parse_value(text):
     try:
         return ast.literal_eval(text)

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from checkpoint import CheckpointError, config_mismatch, load_checkpoint, model_from_checkpoint, read_metrics
 from configurator import ConfigError, configure, die
-from common import DataError, autocast, resolve_device, resolve_dtype, table
+from common import DataError, autocast, resolve_dtype, setup, table
 from tasks import QAData, accuracy
 
 BRIDGE_POS = 1
@@ -338,10 +338,8 @@ def main(argv):
             raise ConfigError(f"norm={a['norm']!r} is invalid: allowed {NORMS}")
     except ConfigError as e:
         die(e)
-    if a["threads"]:
-        torch.set_num_threads(a["threads"])
     try:
-        device = resolve_device(a["device"])
+        device = setup(a["device"], a["threads"])
     except ValueError as e:
         die(e)
     if device != "cpu":

@@ -28,7 +28,7 @@ import numpy as np
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, REPO)
-from configurator import ConfigError, configure, die  # noqa: E402
+from configurator import ConfigError, cli  # noqa: E402
 
 
 def _load(name, path):
@@ -167,12 +167,8 @@ def prepare(c, enc=None):
 
 
 def main(argv):
-    try:
-        c = configure(DEFAULTS, argv, __doc__, [__file__, os.path.join(REPO, "data", "symbolic", "prepare.py")])
-        verb = "kept existing" if os.path.exists(c["out_dir"]) else "wrote"
-        out = prepare(c)
-    except ConfigError as e:
-        die(e)
+    c, (verb, out) = cli(lambda c: ("kept existing" if os.path.exists(c["out_dir"]) else "wrote", prepare(c)),
+                         DEFAULTS, argv, __doc__, [__file__, os.path.join(REPO, "data", "symbolic", "prepare.py")])
     with open(os.path.join(out, "meta.json")) as f:
         meta = json.load(f)
     with open(os.path.join(out, "test_ood.text.jsonl")) as f:

@@ -23,7 +23,7 @@ import numpy as np
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, REPO)
-from configurator import ConfigError, configure, die  # noqa: E402
+from configurator import ConfigError, cli  # noqa: E402
 
 HUB_SOURCES = "hf:HuggingFaceFW/fineweb-edu:sample-100BT,hf:HuggingFaceTB/finemath:finemath-4plus"
 DEFAULTS = dict(
@@ -291,11 +291,7 @@ def prepare(c, enc=None):
 
 
 def main(argv):
-    try:
-        c = configure(DEFAULTS, argv, __doc__, __file__)
-        meta = prepare(c)
-    except ConfigError as e:
-        die(e)
+    c, meta = cli(prepare, DEFAULTS, argv, __doc__, __file__)
     n = {s: sum(k for _, k in v) for s, v in meta["shards"].items()}
     total = sum(meta["source_tokens"])
     for name, t in zip(c["data_files"].split(","), meta["source_tokens"]):

@@ -24,7 +24,7 @@ import numpy as np
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, REPO)
-from configurator import ConfigError, configure, die  # noqa: E402
+from configurator import ConfigError, cli  # noqa: E402
 
 DEFAULTS = dict(
     out_dir=os.path.join(REPO, "data", "symbolic", "out"),  # folder to write (meta.json + one file per split)
@@ -184,12 +184,8 @@ def prepare(c, force=False):
 
 
 def main(argv):
-    try:
-        c = configure(DEFAULTS, argv, __doc__, __file__)
-        verb = "kept existing" if os.path.exists(c["out_dir"]) else "wrote"
-        out = prepare(c)
-    except ConfigError as e:
-        die(e)
+    c, (verb, out) = cli(lambda c: ("kept existing" if os.path.exists(c["out_dir"]) else "wrote", prepare(c)),
+                         DEFAULTS, argv, __doc__, __file__)
     with open(os.path.join(out, "meta.json")) as f:
         meta = json.load(f)
     for s, info in meta["splits"].items():
