@@ -416,7 +416,7 @@ def micro_step(x, y):
     sync = contextlib.nullcontext() if (not ddp or micro == accum_local - 1) else model.no_sync()
     with sync:
         with ctx:
-            _, loss = model(x, y)
+            _, loss = model(x, y)  # x, y: (B, T) tokens and targets; loss: a scalar (no (B, T, V) logits)
             loss = loss / accum_local
         scaler.scale(loss).backward()
     loss_sum += loss.detach().float()
@@ -498,9 +498,9 @@ while True:
     for opt in optimizers:
         for group in opt.param_groups:
             group["lr"] = lr
-    loss_sum = torch.zeros((), device=device)
+    loss_sum = torch.zeros((), device=device)  # summed on the device; read back only when logging
     for micro in range(accum_local):
-        x, y = get_batch(iter_num, micro)
+        x, y = get_batch(iter_num, micro)  # this rank's micro-batch: (batch_size, seq_len) each
         try:
             micro_step(x, y)
         except Exception as e:  # the first step compiles: say why it failed, then run eager
