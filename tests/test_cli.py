@@ -11,7 +11,7 @@ from common import pick_cpu_dtype
 from conftest import run, tiny_train_args
 
 SCRIPTS = [["train.py"], ["eval_harness.py"], ["bench.py"], ["bench.py", "plan"], ["bench.py", "breaks"],
-           ["data/symbolic/prepare.py"], ["data/nl/prepare.py"], ["data/pretrain/prepare.py"]] \
+           ["data/symbolic/prepare.py"], ["data/nl/prepare.py"], ["data/pretrain/prepare.py"], ["data/pretrain/local_task.py"]] \
     + [["probe.py", cmd] for cmd in ("acc", "lens", "sweep", "gate", "plot")]
 
 
