@@ -224,8 +224,10 @@ def cmd_plot(dirs, png):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    if all(any("val_loss" in m for m in read_metrics(os.path.join(d, "metrics.jsonl"))) for d in dirs
-           if os.path.isfile(os.path.join(d, "metrics.jsonl"))):
+    for d in dirs:
+        if not os.path.isfile(os.path.join(d, "metrics.jsonl")):
+            raise DataError(f"no metrics.jsonl in '{d}'")
+    if all(any("val_loss" in m for m in read_metrics(os.path.join(d, "metrics.jsonl"))) for d in dirs):
         return plot_pretraining(dirs, png, plt)
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.6))
     out = {}

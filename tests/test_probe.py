@@ -73,7 +73,9 @@ def test_sweep_alpha0_is_the_unmodified_model_and_alpha1_uses_bmax(tiny_ckpts, t
     png = str(tmp_path / "sweep.png")
     probe("sweep", f"--ckpt={tiny_ckpts['loop']}", "--alphas=0,1", f"--png={png}", "--norm=unit")
     res = json.load(open(os.path.join(tiny_ckpts["loop"], "probe_sweep.json")))["results"]
-    acc = json.load(open(os.path.join(tiny_ckpts["loop"], "probe_acc.json")))
+    acc_json = str(tmp_path / "acc.json")  # its own acc run: tests may run in any order, on any worker
+    probe("acc", f"--ckpt={tiny_ckpts['loop']}", "--n_loop=2", f"--json={acc_json}")
+    acc = json.load(open(acc_json))
     assert res["0.00"]["test_id"] == pytest.approx(acc["2"]["test_id"])
     assert os.path.getsize(png) > 1000
 
