@@ -4,10 +4,10 @@ Memory of one training step, measured on CPU and planned for a GPU we do not hav
 Activations are measured, not guessed: `measure_step` runs the configured model's forward and
 backward under a TorchDispatchMode that follows every storage an op creates until it is freed
 (`LiveBytes`). With real CPU tensors that is a measurement; under FakeTensorMode the same code
-runs the full 440M shape without allocating or computing anything, so the plan can measure at
-a few small sequence lengths and extrapolate (activations are linear in T: attention is a flash
-kernel on CPU and GPU, no T x T matrix is kept). tests/test_memory.py holds the plan's figures to
-real-tensor measurement.
+runs the full 440M shape at the configured micro-batch without allocating or computing anything,
+so the plan measures the real shape directly (attention is a flash kernel on CPU and GPU: no T x T
+matrix is kept). tests/test_memory.py holds the plan's figures to real tensors and to an
+independent count of what autograd saves.
 
     python bench.py plan config/pretrain.py           # the per-rank plan, against 80 and 141 GB
 """
@@ -21,6 +21,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from common import table
 from model import GPT, GPTConfig
+from muon import takes_muon
 
 GB = 1e9
 GPUS = {"H100 80GB": 80e9, "H200 141GB": 141e9}
@@ -64,11 +65,6 @@ class LiveBytes(TorchDispatchMode):
             self.weight_copies -= n
 
 
-def autocast_ctx(dtype):
-    """CPU autocast stands in for CUDA's: both keep matmul outputs in bf16 and reductions in fp32."""
-    return torch.autocast("cpu", dtype=dtype, enabled=dtype != torch.float32)
-
-
 def measure_step(cfg, B, T, dtype=torch.bfloat16, fake=True):
     """One forward + backward of GPT(cfg) on (B, T) tokens, as a gradient-accumulation micro-step:
     the gradients already exist (made by an untracked first step), so they are not counted here.
@@ -83,7 +79,8 @@ def measure_step(cfg, B, T, dtype=torch.bfloat16, fake=True):
         for tracked in (False, True):
             live = LiveBytes(m.parameters())
             with live if tracked else contextlib.nullcontext():
-                with autocast_ctx(dtype):
+                # CPU autocast stands in for CUDA's: both keep matmul outputs in bf16, reductions in fp32
+                with torch.autocast("cpu", dtype=dtype, enabled=dtype != torch.float32):
                     _, loss = m(x, y)
                 act, copies = live.now, live.weight_copies
                 loss.backward()
@@ -94,7 +91,7 @@ def param_groups(model, optimizer):
     """Parameter counts (Muon, AdamW) as train.configure_optimizers splits them."""
     muon = adamw = 0
     for n, p in model.named_parameters():
-        if optimizer == "muon" and p.dim() == 2 and n.startswith("transformer.h."):
+        if optimizer == "muon" and takes_muon(n, p):
             muon += p.numel()
         else:
             adamw += p.numel()

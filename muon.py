@@ -9,6 +9,11 @@ import torch
 from torch.optim._muon import _adjust_lr, _zeropower_via_newtonschulz
 
 
+def takes_muon(name, p):
+    """The block matrices (2-D, inside f_theta) go to Muon; embeddings, norms and gates to AdamW."""
+    return p.dim() == 2 and name.startswith("transformer.h.")
+
+
 class SplitMuon(torch.optim.Muon):
     def __init__(self, params, splits, **kwargs):
         """splits: {parameter: row sizes of its projections}; parameters not in it are one matrix."""

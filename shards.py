@@ -59,15 +59,16 @@ class TokenShards:
         return self.meta["vocab_size"]
 
     def get_batch(self, batch_size, block_size, seed):
-        """(x, y) long tensors (B, T) of random windows; `seed` is a list of ints (SeedSequence)."""
-        usable = np.maximum(self.sizes - block_size - 1, 0)
-        if usable.sum() == 0:
-            raise DataError(f"every shard is shorter than block_size+1={block_size + 1} tokens")
+        """Random windows (validation: the same ones at every evaluation); `seed` is a list of ints."""
+        usable = np.maximum(self.sizes - block_size - 1, 0)  # check_window made sure some shard is long enough
         rng = np.random.default_rng(seed)
         shard = rng.choice(len(self.arrays), size=batch_size, p=usable / usable.sum())
-        starts = (rng.random(batch_size) * usable[shard]).astype(np.int64)
-        rows = [np.asarray(self.arrays[s][i:i + block_size + 1], dtype=np.int64) for s, i in zip(shard, starts)]
-        xy = torch.from_numpy(np.stack(rows))  # (B, T + 1); every id was checked at load
+        return self.windows(shard, (rng.random(batch_size) * usable[shard]).astype(np.int64), block_size)
+
+    def windows(self, shard, start, T):
+        """(x, y) long tensors (B, T): the windows at token `start` of each `shard` and their next tokens."""
+        xy = torch.from_numpy(np.stack([np.asarray(self.arrays[s][i:i + T + 1], dtype=np.int64)
+                                        for s, i in zip(shard, start)]))  # (B, T + 1); ids checked at load
         return xy[:, :-1], xy[:, 1:]
 
 
@@ -113,10 +114,7 @@ class TokenData:
         (x, y) long tensors (B, T)."""
         B = global_batch // n_parts
         shard, start = self.order(it * global_batch + part * B + np.arange(B))
-        T = self.seq_len
-        xy = torch.from_numpy(np.stack([np.asarray(self.train.arrays[s][i:i + T + 1], dtype=np.int64)
-                                        for s, i in zip(shard, start)]))  # (B, T + 1)
-        return xy[:, :-1], xy[:, 1:]
+        return self.train.windows(shard, start, self.seq_len)
 
     @torch.no_grad()
     def evaluate(self, model, batch_size, device="cpu", ctx=None, should_stop=None):

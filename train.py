@@ -29,7 +29,7 @@ from common import DTYPES, DataError, autocast, resolve_device, resolve_dtype
 from checkpoint import RESUME_KEYS, CheckpointError, append_metrics, lock_run_folder, read_metrics, config_mismatch, load_checkpoint, save_checkpoint, strip_compile_prefix
 from configurator import ConfigError, configure, die, merge
 from model import GPT, GPTConfig
-from muon import SplitMuon
+from muon import SplitMuon, takes_muon
 from shards import TokenData
 from tasks import QAData
 
@@ -175,7 +175,7 @@ if threads:
 
 # -----------------------------------------------------------------------------
 # data
-data_dir = os.path.abspath(data_dir)  # prepared dataset folder (generated on first use for symbolic/nl)
+data_dir = os.path.abspath(data_dir)
 try:
     import importlib.util
     prep_path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", dataset, "prepare.py")
@@ -225,12 +225,13 @@ if init_from == "resume" or eval_only:  # eval_only evaluates the checkpoint in 
     elapsed = ckpt.get("elapsed", 0.0)  # wall time of the earlier sessions, so "time" reads as one run
 if dtype == "auto" and ckpt is not None and ckpt.get("dtype"):
     dtype = ckpt["dtype"]  # a resumed run keeps the precision it started with (bit-identical resume)
-elif dtype == "auto":
-    # common.py's rule; under DDP only rank 0 measures (ranks timing at once would load the same cores)
+elif dtype == "auto" and ddp and device_type != "cuda":
+    # common.py's rule times bf16 on a CPU: only rank 0 measures (ranks timing at once would load the same cores)
     choice = torch.tensor([list(DTYPES).index(resolve_dtype("auto", device)) if master else 0])
-    if ddp and device_type != "cuda":  # GPUs need no timing: every rank gets the same answer
-        torch.distributed.broadcast(choice, 0)
-    dtype = list(DTYPES)[choice.item()] if device_type != "cuda" else resolve_dtype("auto", device)
+    torch.distributed.broadcast(choice, 0)
+    dtype = list(DTYPES)[choice.item()]
+elif dtype == "auto":
+    dtype = resolve_dtype("auto", device)
 ptdtype = DTYPES[dtype]
 ctx = autocast(device, dtype)
 if device_type == "cuda":
@@ -264,7 +265,7 @@ def configure_optimizers(model):
     """Weight decay on matrices only. With 'muon', the block matrices (2-D, inside f_theta) go to
     torch.optim.Muon (scaled to AdamW-like lr by match_rms_adamw); embeddings, norms, gates -> AdamW."""
     params = {n: p for n, p in model.named_parameters() if p.requires_grad}
-    muon_names = [n for n, p in params.items() if optimizer == "muon" and p.dim() == 2 and n.startswith("transformer.h.")]
+    muon_names = [n for n, p in params.items() if optimizer == "muon" and takes_muon(n, p)]
     decay = [p for n, p in params.items() if p.dim() >= 2 and n not in muon_names]
     no_decay = [p for n, p in params.items() if p.dim() < 2]
     fused = device_type == "cuda"
@@ -425,25 +426,23 @@ def micro_step(x, y):
 def check_finite():
     """Stop if a loss or gradient went non-finite or the weights did. Called before every save, so
     no checkpoint ever holds poisoned weights (one host sync: only when logging or saving)."""
-    params = [p for p in raw_model.parameters()]
-    bad = nonfinite | ~torch.isfinite(torch.stack(torch._foreach_norm(params))).all()
+    bad = nonfinite | ~torch.isfinite(torch.stack(torch._foreach_norm(list(raw_model.parameters())))).all()
     if ddp:
         bad = bad.to(torch.int32)
         torch.distributed.all_reduce(bad, op=torch.distributed.ReduceOp.MAX)
     if bad.item():
-        kept = (f"the last good checkpoint ({ckpt_path}, iteration {saved_iter}) is kept" if saved_iter is not None
+        kept = (f"the last good checkpoint ({ckpt_path}, iteration {saved_at}) is kept" if saved_at >= 0
                 else "no checkpoint was written")
         die(f"loss, gradients or weights became non-finite before iteration {iter_num}; stopping, {kept} "
             "(try a lower learning_rate or dtype=float32)")
 
 
 nonfinite = torch.zeros((), dtype=torch.bool, device=device)  # set on device, read only by check_finite
-saved_iter = iter_num if init_from == "resume" else None  # for the divergence message
 compiled_once = False
 t0, t_start = time.time(), time.time() - elapsed
 # the resumed iteration's evaluation is in metrics.jsonl, unless a stop abandoned it: then it runs now
 evaluated_at = iter_num if any(r.get("iter") == iter_num for r in rows) else -1
-saved_at = iter_num if init_from == "resume" else -1
+saved_at = iter_num if init_from == "resume" else -1  # the iteration in ckpt.pt (-1: none yet)
 
 
 def log_row(metrics):
@@ -485,7 +484,7 @@ while True:
                 save_checkpoint(checkpoint_obj(), ckpt_path)
             except CheckpointError as e:
                 die(e)
-            saved_at = saved_iter = iter_num
+            saved_at = iter_num
         if iter_num >= max_iters or stop:
             if master and stop:
                 print(f"stopped at iteration {iter_num}; " + (
