@@ -133,10 +133,11 @@ class QAData:
 @torch.no_grad()
 def accuracy(model, X, Y, n_loop=None, batch_size=2048, hook=None, stage1=False, device="cpu", ctx=None):
     """Exact match: a question is right when every answer token is the argmax (teacher-forced).
-    Returns (final accuracy, Stage-1 accuracy or None). Stage-1 reads the head off the state after
-    loop 1 in the same forward pass. `hook` is passed to model.forward (e.g. an intervention)."""
+    Returns (final accuracy, Stage-1 accuracy or None, loss): Stage-1 reads the head off the state
+    after loop 1 in the same forward pass; loss is the answer's cross-entropy (no smoothing), summed
+    over its tokens and averaged over questions. `hook` is passed to model.forward (an intervention)."""
     ctx = ctx or contextlib.nullcontext()
-    right, right1 = 0, 0
+    right, right1, nll = 0, 0, 0.0
     for i in range(0, len(X), batch_size):
         x, y = X[i:i + batch_size].to(device), Y[i:i + batch_size].to(device)
         first = {}
@@ -150,21 +151,23 @@ def accuracy(model, X, Y, n_loop=None, batch_size=2048, hook=None, stage1=False,
             logits, _ = model(x, n_loop=n_loop, hook=grab)
             ok = (logits.argmax(-1) == y) | (y == -1)
             right += ok.all(1).sum().item()
+            nll += torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), y.flatten(), ignore_index=-1,
+                                                     reduction="sum").item()
             if stage1:
                 ok1 = (model.head(first["h"]).argmax(-1) == y) | (y == -1)
                 right1 += ok1.all(1).sum().item()
-    return right / len(X), (right1 / len(X) if stage1 else None)
+    return right / len(X), (right1 / len(X) if stage1 else None), nll / len(X)
 
 
 def evaluate_splits(model, data, n_loop=None, batch_size=2048, device="cpu", ctx=None, should_stop=None):
-    """{'acc/<split>': final accuracy, 'acc1/<split>': Stage-1 accuracy} for every split; None if
-    should_stop() turns true between splits (an interrupted evaluation is abandoned)."""
+    """{'acc/<split>': final accuracy, 'acc1/<split>': Stage-1 accuracy, 'loss/<split>'} for every
+    split; None if should_stop() turns true between splits (an interrupted evaluation is abandoned)."""
     out = {}
     for s, (X, Y) in data.splits.items():
         if should_stop is not None and should_stop():
             return None
-        acc, acc1 = accuracy(model, X, Y, n_loop=n_loop, batch_size=batch_size, stage1=True,
-                             device=device, ctx=ctx)
-        out[f"acc/{s}"], out[f"acc1/{s}"] = round(acc, 5), round(acc1, 5)
+        acc, acc1, loss = accuracy(model, X, Y, n_loop=n_loop, batch_size=batch_size, stage1=True,
+                                   device=device, ctx=ctx)
+        out[f"acc/{s}"], out[f"acc1/{s}"], out[f"loss/{s}"] = round(acc, 5), round(acc1, 5), round(loss, 5)
     return out
 

@@ -54,6 +54,8 @@ gradient_accumulation_steps = 1  # total over all processes, as in nanoGPT
 block_size = 8               # longest sequence (QA: at least the longest example; pretrain: the window)
 eval_batch_size = 2048       # QA: questions per evaluation forward
 eval_iters = 50              # pretrain: validation batches per evaluation
+stop_metric = ""             # '' = off; else stop early on this evaluation metric, e.g. 'loss/val_id' (loss: lower is better, acc: higher); never a test split
+stop_patience = 10           # with stop_metric: stop after this many evaluations without a new best
 # model (see model.GPTConfig)
 vocab_size = 0               # embedding rows; 0 = the dataset's vocabulary (larger pads, e.g. to match a parameter count)
 n_layer = 1                  # blocks in f_theta (one loop)
@@ -146,6 +148,11 @@ try:  # fail now, not at the first checkpoint
     os.remove(os.path.join(out_dir, f".write-test-{os.getpid()}"))
 except OSError as e:
     die(f"out_dir={out_dir!r} is not writable ({e.strerror})")
+if stop_metric and (not stop_metric.startswith(("loss/", "acc/", "val_loss")) or "test" in stop_metric):
+    die(f"stop_metric={stop_metric!r} is invalid: allowed '' or a validation metric such as 'loss/val_id', "
+        "'acc/val_id' or 'val_loss' (a test split must not choose the end point)")
+if stop_patience < 1:
+    die(f"stop_patience={stop_patience} must be >= 1")
 if not 0 <= ema_decay < 1:
     die(f"ema_decay={ema_decay} is invalid: allowed 0 (off) or 0 < ema_decay < 1")
 
@@ -443,6 +450,22 @@ t0, t_start = time.time(), time.time() - elapsed
 # the resumed iteration's evaluation is in metrics.jsonl, unless a stop abandoned it: then it runs now
 evaluated_at = iter_num if any(r.get("iter") == iter_num for r in rows) else -1
 saved_at = iter_num if init_from == "resume" else -1  # the iteration in ckpt.pt (-1: none yet)
+early_stopped = False
+
+
+def out_of_patience():
+    """True when stop_metric has not improved for stop_patience evaluations. Read from the rows of
+    metrics.jsonl, so a resumed run takes the same decision as an uninterrupted one."""
+    hist = [(r["iter"], r[stop_metric]) for r in rows if stop_metric in r and not r.get("eval_only")]
+    if not stop_metric or not hist:
+        return False
+    sign = 1 if stop_metric.startswith(("loss/", "val_loss")) else -1
+    best = min(range(len(hist)), key=lambda i: (sign * hist[i][1], i))  # first best on ties
+    if len(hist) - 1 - best < stop_patience:
+        return False
+    print(f"early stop at iteration {iter_num}: {stop_metric} best {hist[best][1]} at iteration {hist[best][0]}, "
+          f"not improved in {stop_patience} evaluations since")
+    return True
 
 
 def log_row(metrics):
@@ -451,6 +474,7 @@ def log_row(metrics):
         row["epoch"] = round(iter_num / steps_per_epoch, 2)
     row |= metrics | last
     append_metrics(metrics_path, row)
+    rows.append(row)
     if wandb_log:
         wandb.log(row, step=iter_num)
     bar.set_postfix({k.replace("acc/", ""): v for k, v in row.items()
@@ -476,16 +500,24 @@ while True:
         if master and at_eval and not stop and iter_num != evaluated_at:
             metrics = evaluate()  # None if a stop request arrived meanwhile: it is not waited for
             if metrics is not None:
+                if stop_metric and stop_metric not in metrics:
+                    die(f"stop_metric={stop_metric!r} is not among this dataset's metrics: "
+                        f"{sorted(k for k in metrics if 'val' in k)}")
                 log_row(metrics)
                 evaluated_at = iter_num
         stop = stop or (not ddp and stop_requested)
+        if at_eval and stop_metric:  # rank 0 evaluated: it decides, every rank follows at this same step
+            early = torch.tensor([int(master and out_of_patience())])
+            if ddp:
+                torch.distributed.broadcast(early, src=0, group=ctrl_group)
+            early_stopped = bool(early.item())
         if master and iter_num > 0 and iter_num != saved_at:
             try:
                 save_checkpoint(checkpoint_obj(), ckpt_path)
             except CheckpointError as e:
                 die(e)
             saved_at = iter_num
-        if iter_num >= max_iters or stop:
+        if iter_num >= max_iters or stop or early_stopped:
             if master and stop:
                 print(f"stopped at iteration {iter_num}; " + (
                     "checkpoint saved, continue with --init_from=resume" if saved_at == iter_num else

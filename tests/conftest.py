@@ -11,7 +11,8 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TIKTOKEN_CACHE_DIR", "")
 
 # a tiny symbolic graph: trains in seconds, same code path as the paper-size one
-TINY_DATA = ["--n_entities=30", "--n_relations=8", "--out_degree=4", "--n_train=200", "--n_test=50"]
+TINY_DATA = ["--n_entities=30", "--n_relations=8", "--out_degree=4", "--n_train=200", "--n_test=50",
+             "--n_val=50"]
 TINY_MODEL = ["--n_layer=1", "--n_head=2", "--n_embd=32", "--batch_size=64", "--eval_batch_size=512",
               "--dtype=float32", "--threads=1", "--warmup_iters=5", "--learning_rate=3e-3"]
 

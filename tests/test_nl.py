@@ -13,7 +13,7 @@ spec = importlib.util.spec_from_file_location("prep_nl", os.path.join(REPO, "dat
 nl = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(nl)
 
-SMALL = ["--n_entities=40", "--n_relations=8", "--out_degree=4", "--n_train=300", "--n_test=60"]
+SMALL = ["--n_entities=40", "--n_relations=8", "--out_degree=4", "--n_train=300", "--n_test=60", "--n_val=60"]
 
 
 def word_encoding(n_words=150):

@@ -52,12 +52,17 @@ def check_invariants(out, c):
         assert len(set(exs)) == len(exs), f"{name} has duplicates"
         if info["graph"] == "B":
             assert not info["train"], "a B composition is in training"
-        expected = c["n_test"] if not info["train"] else c["n_train"] // (c["max_hops"] - 1)
+        expected = (c["n_train"] // (c["max_hops"] - 1) if info["train"] else
+                    c["n_val"] if name.startswith("val") else c["n_test"])
         assert len(exs) == expected, name
     for k, splits in hops_seen.items():
-        train = set(splits.get("train_id" + ("" if k == 2 else f"_{k}hop"), []))
-        test = set(splits["test_id" + ("" if k == 2 else f"_{k}hop")])
+        sfx = "" if k == 2 else f"_{k}hop"
+        train = set(splits.get("train_id" + sfx, []))
+        test = set(splits["test_id" + sfx])
+        val = set(splits.get("val_id" + sfx, []))
         assert not train & test, "train and test_id overlap"
+        assert not val & (train | test), "val_id overlaps train or test"
+        assert bool(val) == (k <= c["max_hops"] and c["n_val"] > 0), f"val_id{sfx} missing or extra"
     assert sorted(hops_seen) == list(range(2, max(c["max_hops"], c["eval_hops"]) + 1))
     return meta
 
@@ -65,9 +70,9 @@ def check_invariants(out, c):
 @pytest.mark.parametrize("extra", [
     [],  # the paper's 2-hop data
     ["--max_hops=3", "--n_test=1000"],  # Appendix A.2
-    ["--n_entities=40", "--n_relations=7", "--out_degree=3", "--n_train=300", "--n_test=60", "--seed=5"],
-    ["--n_entities=40", "--n_relations=9", "--out_degree=4", "--n_train=400", "--n_test=50", "--max_hops=3",
-     "--eval_hops=4", "--seed=2"],
+    ["--n_entities=40", "--n_relations=7", "--out_degree=3", "--n_train=300", "--n_test=60", "--n_val=0", "--seed=5"],
+    ["--n_entities=40", "--n_relations=9", "--out_degree=4", "--n_train=400", "--n_test=50", "--n_val=40",
+     "--max_hops=3", "--eval_hops=4", "--seed=2"],
 ])
 def test_invariants(tmp_path, extra):
     out = str(tmp_path / "d")
@@ -78,7 +83,7 @@ def test_invariants(tmp_path, extra):
 
 
 def test_same_seed_byte_identical_other_seed_differs(tmp_path):
-    args = ["--n_entities=50", "--n_relations=10", "--out_degree=5", "--n_train=500", "--n_test=100"]
+    args = ["--n_entities=50", "--n_relations=10", "--out_degree=5", "--n_train=500", "--n_test=100", "--n_val=100"]
     outs = [str(tmp_path / n) for n in ("a", "b", "c")]
     for out, seed in zip(outs, (3, 3, 4)):
         assert run(["data/symbolic/prepare.py", f"--out_dir={out}", f"--seed={seed}"] + args).returncode == 0
@@ -100,6 +105,42 @@ def test_bad_flags_one_line(tmp_path, args, needle):
     assert r.returncode == 2
     assert needle in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert not os.path.exists(f"{tmp_path}/x")
+
+
+def test_validation_split_changes_no_other_split(tmp_path):
+    """val_id comes from its own random stream: the train and test splits are byte-identical with
+    and without it, so results measured before it existed still hold on the same data."""
+    args = ["--n_entities=50", "--n_relations=10", "--out_degree=5", "--n_train=500", "--n_test=100",
+            "--max_hops=3", "--eval_hops=4"]
+    a, b = str(tmp_path / "a"), str(tmp_path / "b")
+    assert run(["data/symbolic/prepare.py", f"--out_dir={a}", "--n_val=0"] + args).returncode == 0
+    assert run(["data/symbolic/prepare.py", f"--out_dir={b}", "--n_val=80"] + args).returncode == 0
+    old, new = sorted(os.listdir(a)), sorted(os.listdir(b))
+    assert set(new) - set(old) == {"val_id.txt", "val_id_3hop.txt"}
+    names = [n for n in old if n != "meta.json"]
+    match, mismatch, _ = filecmp.cmpfiles(a, b, names, shallow=False)
+    assert match == names and not mismatch
+
+
+def test_folder_from_before_n_val_is_upgraded_in_place(tmp_path):
+    """A folder prepared before n_val existed is rewritten with val_id (same splits otherwise),
+    not refused as a config mismatch."""
+    args = ["--n_entities=50", "--n_relations=10", "--out_degree=5", "--n_train=500", "--n_test=100"]
+    out = str(tmp_path / "d")
+    assert run(["data/symbolic/prepare.py", f"--out_dir={out}", "--n_val=0"] + args).returncode == 0
+    with open(os.path.join(out, "test_ood.txt")) as f:
+        ood = f.read()
+    with open(os.path.join(out, "meta.json")) as f:
+        meta = json.load(f)
+    del meta["config"]["n_val"]  # what an older prepare.py wrote
+    with open(os.path.join(out, "meta.json"), "w") as f:
+        json.dump(meta, f)
+    r = run(["data/symbolic/prepare.py", f"--out_dir={out}", "--n_val=70"] + args)
+    assert r.returncode == 0 and "val_id" in r.stdout, r.stderr
+    with open(os.path.join(out, "test_ood.txt")) as f:
+        assert f.read() == ood
+    with open(os.path.join(out, "val_id.txt")) as f:
+        assert sum(1 for _ in f) == 70
 
 
 def test_existing_folder_from_other_config_refused(tmp_path, tiny_data):

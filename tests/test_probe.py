@@ -26,7 +26,7 @@ def probe(*args):
 
 def test_acc_table_every_loop_count(tiny_ckpts, tiny_data):
     out = probe("acc", f"--ckpt={tiny_ckpts['loop']}", "--n_loop=1,2,4")
-    assert "| n_loop | train_atom | train_id | test_id | test_ood | atoms_A | atoms_B |" in out
+    assert "| n_loop | train_atom | train_id | test_id | test_ood | val_id | atoms_A | atoms_B |" in out
     res = json.load(open(os.path.join(tiny_ckpts["loop"], "probe_acc.json")))
     assert set(res) == {"1", "2", "4"} and all(0 <= v <= 1 for r in res.values() for v in r.values())
     # n_loop=2 is the trained model: equals the final accuracy in training's last metrics line (fp32 both)
@@ -59,7 +59,7 @@ def test_lens_values_in_range_and_disco_injected_state(tiny_ckpts):
     where = res.pop("where")
     probe("acc", f"--ckpt={tiny_ckpts['disco']}", "--n_loop=2", "--json=" + os.path.join(tiny_ckpts["disco"], "acc2.json"))
     final = json.load(open(os.path.join(tiny_ckpts["disco"], "acc2.json")))["2"]
-    assert set(res) == {"train_id", "test_id", "test_ood"}
+    assert set(res) == {"train_id", "val_id", "test_id", "test_ood"}
     for s, r in res.items():
         assert 0 <= r["P(b|H1)"] <= 1 and -1 <= r["cos(H1,W[b])"] <= 1 and "cos(H~1,W[b])" in r
         # final accuracy = P(b decoded) P(right | decoded) + P(not decoded) P(right | not decoded)
@@ -112,7 +112,7 @@ def test_bad_input(args, needle):
 def test_checkpoint_from_other_dataset_refused(tiny_ckpts, tmp_path):
     other = str(tmp_path / "other")
     assert run(["data/symbolic/prepare.py", f"--out_dir={other}", "--n_entities=30", "--n_relations=8",
-                "--out_degree=4", "--n_train=200", "--n_test=50", "--seed=7"]).returncode == 0
+                "--out_degree=4", "--n_train=200", "--n_test=50", "--n_val=50", "--seed=7"]).returncode == 0
     r = run(["probe.py", "acc", f"--ckpt={tiny_ckpts['loop']}", f"--data_dir={other}"])
     assert r.returncode == 2 and "another dataset" in r.stderr and "seed" in r.stderr
 

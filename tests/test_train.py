@@ -39,6 +39,26 @@ def test_train_then_resume(tiny_data, tmp_path):
     assert times == sorted(times) and times[4] > ck["elapsed"]  # wall time continues across the resume
 
 
+def test_early_stop_on_validation_then_resume_takes_the_same_decision(tiny_data, tmp_path):
+    """stop_metric reads only the validation split; a resumed run recomputes the decision from
+    metrics.jsonl, so it stops where the uninterrupted run stopped, and more patience continues."""
+    out = str(tmp_path / "run")
+    # lr 0: val accuracy never changes, so the first evaluation stays the best (ties keep the first)
+    args = ["--max_iters=100", "--eval_interval=5", "--stop_metric=acc/val_id", "--stop_patience=2",
+            "--learning_rate=1e-9", "--min_lr=0"]
+    r = run(tiny_train_args(tiny_data, out, *args))
+    assert r.returncode == 0, r.stderr
+    assert [m["iter"] for m in metrics(out)] == [0, 5, 10] and "early stop at iteration 10" in r.stdout
+    assert torch.load(os.path.join(out, "ckpt.pt"), weights_only=True)["iter_num"] == 10
+    r = run(tiny_train_args(tiny_data, out, *args, "--init_from=resume"))
+    assert r.returncode == 0 and "early stop at iteration 10" in r.stdout, r.stderr
+    assert [m["iter"] for m in metrics(out)] == [0, 5, 10]
+    r = run(tiny_train_args(tiny_data, out, *args[:-3], "--stop_patience=4", "--learning_rate=1e-9",
+                            "--min_lr=0", "--init_from=resume"))
+    assert r.returncode == 0, r.stderr
+    assert [m["iter"] for m in metrics(out)] == [0, 5, 10, 15, 20] and "loss/val_id" in metrics(out)[-1]
+
+
 def test_resume_keeps_the_checkpoint_dtype(tiny_data, tmp_path):
     """dtype='auto' is decided by a timing on CPU; a resumed run must not re-decide it."""
     out = str(tmp_path / "run")
@@ -140,6 +160,9 @@ def test_divergence_never_saves_nonfinite_weights(tiny_data, tmp_path, eval_inte
     (["--optimizer=sgd"], "optimizer='sgd'"),
     (["--init_from=resume"], "not found"),
     (["--ema_decay=1.5"], "ema_decay=1.5"),
+    (["--stop_metric=acc/test_ood"], "stop_metric='acc/test_ood'"),
+    (["--stop_metric=acc/val_ood"], "stop_metric='acc/val_ood' is not among"),
+    (["--stop_metric=loss/val_id", "--stop_patience=0"], "stop_patience=0"),
 ])
 def test_bad_input_one_line(tiny_data, tmp_path, extra, needle):
     r = run(tiny_train_args(tiny_data, str(tmp_path / "run"), "--max_iters=5", *extra))
@@ -159,7 +182,7 @@ def test_resume_with_other_model_or_data_refused(tiny_data, tmp_path):
     assert r.returncode == 2 and "n_embd" in r.stderr
     other = str(tmp_path / "other")
     prep = run(["data/symbolic/prepare.py", f"--out_dir={other}", "--n_entities=30", "--n_relations=8",
-                "--out_degree=4", "--n_train=200", "--n_test=50", "--seed=3"])
+                "--out_degree=4", "--n_train=200", "--n_test=50", "--n_val=50", "--seed=3"])
     assert prep.returncode == 0
     args = tiny_train_args(other, out, "--max_iters=20", "--init_from=resume")
     args = [a if not a.startswith("--data_args") else a[:-1] + ", 'seed': 3}" for a in args]

@@ -158,7 +158,7 @@ def prepare(c, enc=None):
         why = sym.existing_config_mismatch(out_dir, c, GENERATOR_KEYS)
         if why:
             raise ConfigError(why + " (delete it or choose another out_dir)")
-        if sym.has_checksums(out_dir):
+        if sym.is_current(out_dir, GENERATOR_KEYS):
             return out_dir
     enc = enc or tok.get_encoding({**tok.DEFAULTS, "encoding": c["encoding"], "tiktoken_file": c["tiktoken_file"]})
     files, meta = build(c, enc)

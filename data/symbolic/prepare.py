@@ -6,13 +6,16 @@ Two entity-disjoint graphs A and B share one relation vocabulary. Every entity h
 atomic fact of both graphs plus `n_train` compositional questions from A (split evenly over hops
 2..max_hops); test_id: `n_test` further A questions per hop; test_ood: `n_test` B questions per hop
 (no B composition is ever trained). `eval_hops` > max_hops adds evaluation-only deeper splits.
+val_id: `n_val` further A questions per trained hop, disjoint from train and test, drawn from a
+separate random stream (so adding them changes no other split): the split a run chooses its end
+point and schedule from, leaving every test split unseen.
 
     python data/symbolic/prepare.py                       # paper's 2-hop data in data/symbolic/out
     python data/symbolic/prepare.py --max_hops=3 --n_test=1000 --out_dir=data/symbolic/hops3
 
 Output: OUT/meta.json (vocab, entities, relations, splits, config) and one text file per split,
 one example per line, whitespace-separated tokens, answer last. Split names: train_atom,
-train_id, test_id, test_ood for 2 hops; k > 2 hops add the suffix _{k}hop (train_id_3hop, ...).
+train_id, val_id, test_id, test_ood for 2 hops; k > 2 hops add the suffix _{k}hop (train_id_3hop, ...).
 """
 import hashlib
 import json
@@ -36,6 +39,7 @@ DEFAULTS = dict(
     eval_hops=0,       # 0, or > max_hops: add evaluation-only splits up to this many hops
     n_train=10000,     # graph-A training questions (split evenly over 2..max_hops hops)
     n_test=2000,       # questions per test split
+    n_val=2000,        # graph-A validation questions per trained hop count, disjoint from train and test
 )
 GENERATOR_KEYS = [k for k in DEFAULTS if k != "out_dir"]  # what makes two datasets the same
 
@@ -44,6 +48,8 @@ def check_config(c):
     for k in ("n_entities", "n_relations", "out_degree", "n_train", "n_test"):
         if c[k] < 1:
             raise ConfigError(f"{k}={c[k]} must be >= 1")
+    if c["n_val"] < 0:
+        raise ConfigError(f"n_val={c['n_val']} must be >= 0")
     if c["out_degree"] > c["n_relations"]:
         raise ConfigError(f"out_degree={c['out_degree']} exceeds n_relations={c['n_relations']}: "
                           "each entity's edges need distinct relations")
@@ -56,9 +62,9 @@ def check_config(c):
         raise ConfigError(f"n_train={c['n_train']} must divide evenly over {n_hops} hop counts")
     for k in range(2, max(c["max_hops"], c["eval_hops"]) + 1):
         available = c["n_entities"] * c["out_degree"] ** k
-        wanted = (c["n_train"] // n_hops if k <= c["max_hops"] else 0) + c["n_test"]
+        wanted = (c["n_train"] // n_hops + c["n_val"] if k <= c["max_hops"] else 0) + c["n_test"]
         if wanted > available:
-            raise ConfigError(f"{wanted} {k}-hop questions asked for (n_train/n_test) but a graph has "
+            raise ConfigError(f"{wanted} {k}-hop questions asked for (n_train/n_val/n_test) but a graph has "
                               f"only {available} (n_entities * out_degree^{k})")
 
 
@@ -80,9 +86,10 @@ def follow(graph, a, rels):
     return path[-1], path[1:-1]
 
 
-def sample_chains(rng, graph, entities, hops, n):
-    """n distinct chains (a, r1..rk), uniform over all chains (every entity has the same degree)."""
-    seen, chains = set(), []
+def sample_chains(rng, graph, entities, hops, n, exclude=()):
+    """n distinct chains (a, r1..rk) not in `exclude`, uniform over all chains (every entity has
+    the same degree)."""
+    seen, chains = set(exclude), []
     while len(chains) < n:
         a = entities[rng.integers(len(entities))]
         rels, e = [], a
@@ -108,19 +115,29 @@ def build(c):
     splits = {"train_atom": [(a, relations[r], b) for g in ("A", "B")
                              for a, edges in graphs[g].items() for r, b in edges.items()]}
     info = {"train_atom": {"graph": "AB", "hops": 1, "train": True}}
+    render = lambda g, ch: (ch[0], *[relations[r] for r in ch[1:]], follow(graphs[g], ch[0], ch[1:])[0])
     n_train_per_hop = c["n_train"] // (c["max_hops"] - 1)
+    used_A = {}
     for k in range(2, max(c["max_hops"], c["eval_hops"]) + 1):
         sfx = "" if k == 2 else f"_{k}hop"
         n_tr = n_train_per_hop if k <= c["max_hops"] else 0
         chains = {"A": sample_chains(rng, graphs["A"], ents["A"], k, n_tr + c["n_test"]),
                   "B": sample_chains(rng, graphs["B"], ents["B"], k, c["n_test"])}
-        render = lambda g, ch: (ch[0], *[relations[r] for r in ch[1:]], follow(graphs[g], ch[0], ch[1:])[0])
+        used_A[k] = chains["A"]
         parts = [("train_id", "A", chains["A"][:n_tr], True), ("test_id", "A", chains["A"][n_tr:], False),
                  ("test_ood", "B", chains["B"], False)]
         for name, g, chs, train in parts:
             if chs:
                 splits[name + sfx] = [render(g, ch) for ch in chs]
                 info[name + sfx] = {"graph": g, "hops": k, "train": train}
+    # validation last, from its own stream: every split above is the same with or without it
+    vrng = np.random.default_rng([c["seed"], 1])
+    for k in range(2, c["max_hops"] + 1):
+        if c["n_val"]:
+            sfx = "" if k == 2 else f"_{k}hop"
+            chains = sample_chains(vrng, graphs["A"], ents["A"], k, c["n_val"], exclude=used_A[k])
+            splits["val_id" + sfx] = [render("A", ch) for ch in chains]
+            info["val_id" + sfx] = {"graph": "A", "hops": k, "train": False}
     meta = {"vocab": ents["A"] + ents["B"] + relations, "entities": ents, "relations": relations,
             "splits": {s: {"file": f"{s}.txt", **info[s]} for s in splits},
             "config": {k: c[k] for k in GENERATOR_KEYS}}
@@ -157,15 +174,18 @@ def existing_config_mismatch(out_dir, config, keys):
     except json.JSONDecodeError as e:
         return f"{path} is not valid JSON ({e.msg} at line {e.lineno})"
     for k in keys:
-        if have.get(k) != config[k]:
+        if k in have and have[k] != config[k]:  # a key added since (n_val) is not a mismatch: is_current
             return f"{out_dir} was prepared with {k}={have.get(k)!r}, not {config[k]!r}"
     return None
 
 
-def has_checksums(out_dir):
-    """False for a folder written before meta.json recorded checksums: prepare it again (deterministic)."""
+def is_current(out_dir, keys):
+    """False for a folder written before meta.json recorded checksums, or before a generator key
+    existed (n_val): prepare it again. Generation is deterministic and new keys only add splits,
+    so the splits it already had come out byte-identical."""
     with open(os.path.join(out_dir, "meta.json")) as f:
-        return "checksums" in json.load(f)
+        meta = json.load(f)
+    return "checksums" in meta and all(k in meta.get("config", {}) for k in keys)
 
 
 def prepare(c, force=False):
@@ -175,7 +195,7 @@ def prepare(c, force=False):
         why = existing_config_mismatch(out_dir, c, GENERATOR_KEYS)
         if why:
             raise ConfigError(why + " (delete it or choose another out_dir)")
-        if has_checksums(out_dir):
+        if is_current(out_dir, GENERATOR_KEYS):
             return out_dir
     splits, meta, _ = build(c)
     files = {f"{s}.txt": "".join(" ".join(ex) + "\n" for ex in exs) for s, exs in splits.items()}
