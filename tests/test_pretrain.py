@@ -44,7 +44,7 @@ def read_all(out, meta):
 
 def test_round_trip_and_mixture(corpus, tmp_path):
     out = str(tmp_path / "shards")
-    meta = prep.prepare(config(corpus, out))
+    meta = prep.prepare(config(corpus, out, short_source="fill"))  # all of both sources
     enc = prep.byte_encoding()
     docs = enc.decode_bytes(read_all(out, meta).tolist()).split(b"<|endoftext|>")
     # every document comes back whole, each source's in its own order
@@ -56,6 +56,18 @@ def test_round_trip_and_mixture(corpus, tmp_path):
         assert mine == DOCS[name]
     assert all(n == 3000 for _, n in meta["shards"]["train"][:-1]) and meta["shards"]["val"][0][1] == 2000
     assert meta["dtype"] == "uint16"
+
+
+def test_a_source_that_runs_out_stops_the_mix_in_one_line(corpus, tmp_path):
+    """The math source holds ~7k byte tokens: a 60/40 budget of 1e9 cannot hold its share."""
+    with pytest.raises(prep.ConfigError, match=r"ran out after .* the mix would drift; use max_tokens <= ") as e:
+        prep.prepare(config(corpus, str(tmp_path / "s")))
+    assert len(str(e.value).splitlines()) == 1
+    msg = str(e.value)
+    limit = int(msg.split("max_tokens <= ")[1].split(", add")[0].replace(",", ""))
+    meta = prep.prepare(config(corpus, str(tmp_path / "s"), max_tokens=limit - 2000))  # resumes, and now holds
+    web, math = meta["source_tokens"]
+    assert abs(web / (web + math) - 0.6) < 0.02
 
 
 def test_token_budget_and_60_40_mixture(corpus, tmp_path):
@@ -76,13 +88,13 @@ def test_mixture_holds_at_a_small_budget(corpus, tmp_path, max_tokens):
 
 def test_resume_skips_finished_shards(corpus, tmp_path):
     out = str(tmp_path / "s")
-    full = prep.prepare(config(corpus, str(tmp_path / "ref")))
+    full = prep.prepare(config(corpus, str(tmp_path / "ref"), short_source="fill"))
     prep.prepare(config(corpus, out, max_tokens=6000))
     # simulate an interruption after two train shards: drop the rest and the meta
     state = json.load(open(os.path.join(out, "state.json")))
     mtime = os.path.getmtime(os.path.join(out, "train_000000.bin"))
     os.remove(os.path.join(out, "meta.json"))
-    meta = prep.prepare(config(corpus, out))
+    meta = prep.prepare(config(corpus, out, short_source="fill"))
     assert os.path.getmtime(os.path.join(out, "train_000000.bin")) == mtime  # not redone
     assert np.array_equal(read_all(out, meta), read_all(str(tmp_path / "ref"), full))
     assert state["shards"]["train"] == meta["shards"]["train"][:len(state["shards"]["train"])]
@@ -171,7 +183,7 @@ def test_hugging_face_tokenizer_file(corpus, tmp_path):
     path = str(tmp_path / "tokenizer.json")
     tok.save(path)
     out = str(tmp_path / "s")
-    meta = prep.prepare(config(corpus, out, tokenizer_file=path, tokenizer_eot="<eot>"))
+    meta = prep.prepare(config(corpus, out, tokenizer_file=path, tokenizer_eot="<eot>", short_source="fill"))
     enc = prep.get_encoding({**prep.DEFAULTS, "tokenizer_file": path, "tokenizer_eot": "<eot>"})
     assert meta["encoding"] == "hf:tokenizer.json" and meta["vocab_size"] == tok.get_vocab_size()
     docs = enc.decode(read_all(out, meta).tolist()).split("<eot>")

@@ -40,6 +40,7 @@ DEFAULTS = dict(
     shard_tokens=100_000_000,  # tokens per shard file
     batch_docs=1024,           # documents tokenized per batch
     num_proc=8,                # tokenizer processes
+    short_source="stop",       # a source that runs out before its share: 'stop' (one line; the mix would drift) or 'fill' (the others fill it)
 )
 GENERATOR_KEYS = ["data_files", "weights", "text_column", "encoding", "tiktoken_file", "tokenizer_file",
                   "tokenizer_eot", "val_tokens", "shard_tokens"]
@@ -170,6 +171,8 @@ def _rows(spec, text_column):
 
 
 def open_sources(c, skip):
+    if c["short_source"] not in ("stop", "fill"):
+        raise ConfigError(f"short_source={c['short_source']!r} is invalid: allowed 'stop' or 'fill'")
     specs = c["data_files"].split(",")
     weights = np.array([float(w) for w in c["weights"].split(",")])
     if len(weights) != len(specs) or (weights <= 0).any():
@@ -263,9 +266,14 @@ def prepare(c, enc=None):
         i = int(np.argmin(np.where(alive, tokens / weights, np.inf)))
         if not queues[i]:
             texts = [t for _, t in zip(range(c["batch_docs"]), iters[i])]
-            if not texts:  # the others fill the rest: said loudly, and the realized mix is printed at the end
-                print(f"warning: source {names[i]!r} ran out after {int(tokens[i]):,} tokens, before its share of "
-                      f"{int(quota[i]):,}", file=sys.stderr)
+            if not texts:
+                short = (f"source {names[i]!r} ran out after {int(tokens[i]):,} tokens, before its share of "
+                         f"{int(quota[i]):,}")
+                if c["short_source"] == "stop" and n_src > 1:  # shards so far are kept: a smaller budget resumes them
+                    raise ConfigError(f"{short}: the mix would drift; use max_tokens <= {int(tokens[i] / weights[i]):,}, "
+                                      "add data, or short_source='fill'")
+                if n_src > 1:  # 'fill': the others fill the rest; the realized mix is printed at the end
+                    print(f"warning: {short}; the other sources fill it", file=sys.stderr)
                 alive[i] = False
                 continue
             queues[i].extend(enc.encode_ordinary_batch(texts, num_threads=c["num_proc"]))
