@@ -34,6 +34,7 @@ class TokenShards:
         if not files:
             raise DataError(f"'{data_dir}' has no '{split}' shards")
         self.arrays = []
+        cache = read_max_cache(data_dir)
         for name, n_tokens in files:
             path = os.path.join(data_dir, name)
             if not os.path.isfile(path):
@@ -42,12 +43,20 @@ class TokenShards:
                 raise DataError(f"shard '{path}' is truncated: {os.path.getsize(path)} bytes, "
                                 f"expected {n_tokens * dtype.itemsize}")
             arr = np.memmap(path, dtype=dtype, mode="r")
-            # every token checked once here, not only the windows a run happens to sample
-            top = max((int(arr[i:i + 2**24].max()) for i in range(0, len(arr), 2**24)), default=0)
+            # every token is checked, not only the windows a run happens to sample; once per shard
+            # file (80 GB at 20B tokens), then remembered by size and mtime in max_token.json
+            st = os.stat(path)
+            key = [st.st_size, st.st_mtime_ns]
+            if cache.get(name, [None])[:2] == key:
+                top = cache[name][2]
+            else:
+                top = max((int(arr[i:i + 2**24].max()) for i in range(0, len(arr), 2**24)), default=0)
+                cache[name] = key + [top]
             if top >= self.meta["vocab_size"]:
                 raise DataError(f"shard '{path}' holds token id {top}, outside the vocabulary ({self.meta['vocab_size']})")
             self.arrays.append(arr)
         self.sizes = np.array([len(a) for a in self.arrays])
+        write_max_cache(data_dir, cache)
 
     def check_window(self, block_size):
         if (self.sizes <= block_size).all():
@@ -70,6 +79,22 @@ class TokenShards:
         xy = torch.from_numpy(np.stack([np.asarray(self.arrays[s][i:i + T + 1], dtype=np.int64)
                                         for s, i in zip(shard, start)]))  # (B, T + 1); ids checked at load
         return xy[:, :-1], xy[:, 1:]
+
+
+def read_max_cache(data_dir):
+    try:
+        with open(os.path.join(data_dir, "max_token.json")) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return {}  # missing or damaged: scan again
+
+
+def write_max_cache(data_dir, cache):
+    path = os.path.join(data_dir, "max_token.json")
+    with contextlib.suppress(OSError):  # a read-only data folder: scan at every start instead
+        with open(f"{path}.tmp-{os.getpid()}", "w") as f:
+            json.dump(cache, f)
+        os.replace(f"{path}.tmp-{os.getpid()}", path)
 
 
 class WindowOrder:

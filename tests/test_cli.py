@@ -2,12 +2,13 @@
 shared device/dtype rule."""
 import json
 import os
+import time
 
 import numpy as np
 import pytest
 import torch
 
-from common import pick_cpu_dtype
+from common import DataError, pick_cpu_dtype
 from conftest import run, tiny_train_args
 
 SCRIPTS = [["train.py"], ["eval_harness.py"], ["bench.py"], ["bench.py", "plan"], ["bench.py", "breaks"],
@@ -111,6 +112,27 @@ def test_shard_problems_one_line(tmp_path, case, needle):
         text = open(f"{d}/meta.json").read()
         open(f"{d}/meta.json", "w").write(text[:len(text) // 2])
     one_line(run(PRETRAIN + [f"--data_dir={d}", f"--out_dir={tmp_path / 'run'}"]), needle)
+
+
+def test_shard_vocabulary_scan_is_cached_per_file(tmp_path):
+    """The full-token scan runs once per shard file: the cache is used while a file's size and
+    mtime are unchanged, and a rewritten shard is scanned again."""
+    from shards import TokenShards
+    d = shards(tmp_path, list(np.arange(200) % 50))
+    TokenShards(d, "train")
+    cache = json.loads(open(f"{d}/max_token.json").read())
+    assert cache["train_000000.bin"][2] == 49
+    cache["train_000000.bin"][2] = 77  # a cached maximum is trusted, not recomputed
+    open(f"{d}/max_token.json", "w").write(json.dumps(cache))
+    with pytest.raises(DataError, match="holds token id 77"):
+        TokenShards(d, "train")
+    bad = np.arange(200, dtype=np.uint16) % 50
+    bad[10] = 99
+    time.sleep(0.01)
+    bad.tofile(f"{d}/train_000000.bin")  # same size, new mtime: scanned again
+    os.utime(f"{d}/train_000000.bin", ns=(time.time_ns(), time.time_ns() + 10**9))
+    with pytest.raises(DataError, match="holds token id 99"):
+        TokenShards(d, "train")
 
 
 def test_probe_on_a_pretraining_checkpoint(tmp_path):
