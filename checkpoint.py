@@ -113,6 +113,24 @@ def append_metrics(path, row):
         os.close(fd)
 
 
+def early_stop_row(rows, metric, patience):
+    """Index of the evaluation row at which a run with stop_metric=metric and stop_patience=patience
+    stops (its best value, the first on ties, lies `patience` evaluations back), or None. train.py
+    decides with it while running; probe.py stop replays it on a finished log: a run that stops
+    early is the prefix of the same run without stopping."""
+    sign = 1 if metric.startswith(("loss/", "val_loss")) else -1
+    best, best_i, n = None, 0, 0
+    for i, r in enumerate(rows):
+        if metric not in r or r.get("eval_only"):
+            continue
+        if best is None or sign * r[metric] < sign * best:
+            best, best_i = r[metric], n
+        if n - best_i >= patience:
+            return i
+        n += 1
+    return None
+
+
 def strip_compile_prefix(state_dict):
     # torch.compile wraps the module as _orig_mod; checkpoints from older code may carry the prefix
     return {k.removeprefix("_orig_mod."): v for k, v in state_dict.items()}

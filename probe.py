@@ -18,7 +18,7 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from checkpoint import CheckpointError, config_mismatch, load_checkpoint, model_from_checkpoint, read_metrics
+from checkpoint import CheckpointError, config_mismatch, early_stop_row, load_checkpoint, model_from_checkpoint, read_metrics
 from configurator import ConfigError, configure, die
 from common import DataError, autocast, resolve_dtype, setup, table
 from tasks import QAData, accuracy
@@ -220,7 +220,7 @@ def cmd_gate(model, data):
     return {**out, **pos}
 
 
-def cmd_plot(dirs, png):
+def cmd_plot(dirs, png, stop_metric="", stop_patience=10):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -244,12 +244,19 @@ def cmd_plot(dirs, png):
                 flat = json.load(f).get("recurrence") == "none"
         x = [m.get("epoch", m["iter"]) for m in ms]
         color = f"C{i}"
-        for split, ls in (("test_id", "-"), ("test_ood", "--")):
-            ax1.plot(x, [m.get(f"acc/{split}", float("nan")) for m in ms], ls=ls, color=color, label=f"{label} {split}")
+        for split, ls in (("test_id", "-"), ("test_ood", "--"), ("val_id", ":")):
+            if any(f"acc/{split}" in m for m in ms):
+                ax1.plot(x, [m.get(f"acc/{split}", float("nan")) for m in ms], ls=ls, color=color, label=f"{label} {split}")
         stage1 = "acc/train_id" if flat else "acc1/train_id"  # the flat model has no Stage 1: its final accuracy
         ax2.plot(x, [m.get(stage1, float("nan")) for m in ms], color=color, label=label + (" (final)" if flat else ""))
         out[label] = {"last": ms[-1], "first": first_crossings(ms)}
-    ax1.set(xlabel="epoch", ylabel="two-hop accuracy", ylim=(0, 1.02), title="test_id (solid), test_ood (dashed)")
+        if stop_metric:  # where a run with this early-stopping rule ends (the same run's prefix)
+            i = early_stop_row(ms, stop_metric, stop_patience)
+            out[label]["stop"] = ms[i] if i is not None else None
+            if i is not None:
+                ax1.axvline(x[i], color=color, lw=0.8, alpha=0.6)
+    ax1.set(xlabel="epoch", ylabel="two-hop accuracy", ylim=(0, 1.02),
+            title="test_id (solid), test_ood (dashed), val_id (dotted)" + (", | = stop" if stop_metric else ""))
     ax2.set(xlabel="epoch", ylabel="Stage-1 train two-hop accuracy", ylim=(0, 1.02), title="Stage-1 (head after loop 1)")
     ax1.legend(fontsize=7)
     ax2.legend(fontsize=7)
@@ -262,6 +269,12 @@ def cmd_plot(dirs, png):
                  + [v["first"][f"{s}>={t}"] for s in ("test_id", "test_ood") for t in (0.8, 0.9)]
                  for k, v in out.items()]))
     print("(crossings: first evaluation at or above the threshold, as 'epoch (minutes)')")
+    if stop_metric:
+        print(f"\nwith stop_metric={stop_metric!r}, stop_patience={stop_patience}: the run ends at")
+        print(table(["run", "epoch", stop_metric, "acc/val_id", "test_id", "test_ood", "Stage-1 train_id"],
+                    [[k] + ([v["stop"].get("epoch"), v["stop"][stop_metric], v["stop"].get("acc/val_id"),
+                             v["stop"].get("acc/test_id"), v["stop"].get("acc/test_ood"), v["stop"].get("acc1/train_id")]
+                            if v["stop"] else ["(not stopped)"] + [""] * 5) for k, v in out.items()]))
     print(f"wrote {png}")
     return out
 
@@ -318,6 +331,8 @@ DEFAULTS = dict(
     alphas="0,0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9,1.0",  # sweep: comma-separated intervention strengths
     png="",           # sweep, plot: write a figure here
     json="",          # output JSON (default: OUT_DIR/probe_<command>.json)
+    stop_metric="",   # plot: replay train.py's early stopping on each log with this metric (e.g. 'loss/val_id')
+    stop_patience=10,  # plot: ... and this patience (evaluations)
     raw=False,        # probe the raw weights, not the weight average (EMA)
     threads=0,        # CPU threads (0 = torch's choice)
     device="auto",    # 'auto' | 'cpu' | 'cuda' (common.py's rule)
@@ -350,7 +365,7 @@ def main(argv):
         if cmd == "plot":
             if not dirs:
                 die("plot needs one or more run folders")
-            res = cmd_plot(dirs, a["png"] or "curves.png")
+            res = cmd_plot(dirs, a["png"] or "curves.png", a["stop_metric"], a["stop_patience"])
             json_path = a["json"] or None
         else:
             if not a["ckpt"]:

@@ -26,7 +26,7 @@ from torch.distributed import destroy_process_group, init_process_group
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from common import DTYPES, DataError, autocast, resolve_device, resolve_dtype
-from checkpoint import RESUME_KEYS, CheckpointError, append_metrics, lock_run_folder, read_metrics, config_mismatch, load_checkpoint, save_checkpoint, strip_compile_prefix
+from checkpoint import RESUME_KEYS, CheckpointError, append_metrics, early_stop_row, lock_run_folder, read_metrics, config_mismatch, load_checkpoint, save_checkpoint, strip_compile_prefix
 from configurator import ConfigError, configure, die, merge
 from model import GPT, GPTConfig
 from muon import SplitMuon, takes_muon
@@ -456,15 +456,11 @@ early_stopped = False
 def out_of_patience():
     """True when stop_metric has not improved for stop_patience evaluations. Read from the rows of
     metrics.jsonl, so a resumed run takes the same decision as an uninterrupted one."""
-    hist = [(r["iter"], r[stop_metric]) for r in rows if stop_metric in r and not r.get("eval_only")]
-    if not stop_metric or not hist:
+    i = early_stop_row(rows, stop_metric, stop_patience) if stop_metric else None
+    if i is None:
         return False
-    sign = 1 if stop_metric.startswith(("loss/", "val_loss")) else -1
-    best = min(range(len(hist)), key=lambda i: (sign * hist[i][1], i))  # first best on ties
-    if len(hist) - 1 - best < stop_patience:
-        return False
-    print(f"early stop at iteration {iter_num}: {stop_metric} best {hist[best][1]} at iteration {hist[best][0]}, "
-          f"not improved in {stop_patience} evaluations since")
+    print(f"early stop at iteration {iter_num}: {stop_metric} has not improved in {stop_patience} evaluations "
+          f"(stop decided at iteration {rows[i]['iter']})")
     return True
 
 

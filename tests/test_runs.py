@@ -176,3 +176,18 @@ def test_ddp_preemption_ranks_agree_and_rank0_saves(tiny_data, tmp_path, who):
     assert "stopped at iteration" in stdout and "checkpoint saved" in stdout
     it = torch.load(os.path.join(out, "ckpt.pt"), weights_only=True)["iter_num"]
     assert it > 20
+
+
+def test_early_stop_row_rule():
+    from checkpoint import early_stop_row
+    rows = [{"iter": i, "loss/val_id": v} for i, v in enumerate([5, 4, 3, 3.5, 3, 3.2, 2.9, 3.0, 3.1, 3.3])]
+    # best 3 at row 2 (a tie at row 4 is no improvement); patience 2 -> stop at row 4
+    assert early_stop_row(rows, "loss/val_id", 2) == 4
+    assert early_stop_row(rows, "loss/val_id", 3) == 5
+    assert early_stop_row(rows, "loss/val_id", 4) is None  # new best 2.9 at row 6, only 3 evaluations follow
+    acc = [{"iter": i, "acc/val_id": v} for i, v in enumerate([0.1, 0.5, 0.5, 0.4])]
+    assert early_stop_row(acc, "acc/val_id", 2) == 3  # higher is better for accuracy
+    # rows without the metric (training-loss rows, eval_only rows) are not evaluations of the run
+    mixed = [{"iter": 0, "acc/val_id": 0.5}, {"iter": 1, "loss": 1.0}, {"iter": 2, "acc/val_id": 0.4, "eval_only": True},
+             {"iter": 3, "acc/val_id": 0.4}]
+    assert early_stop_row(mixed, "acc/val_id", 1) == 3 and early_stop_row(mixed, "acc/val_id", 2) is None
