@@ -43,6 +43,9 @@ class GPTConfig:
     pos_emb: str = "rope"      # "rope" (pretraining backbone) or "learned" (GPT-2 base of the symbolic runs)
     rope_theta: float = 10000.0
     pos_every_loop: bool = False  # learned positions: add them before every loop, not only to the tokens
+    pos_shift: int = 0         # learned positions, training only: each sequence starts at a random position
+                               # 0..pos_shift, so rows past the longest training example are trained too
+                               # (hop extrapolation; cf. randomized positions, Ruoss et al. 2023); eval starts at 0
     sandwich_norm: bool = False  # Ouro-style: also norm each sublayer's output before the residual add
     per_loop_norm: bool = False  # Ouro: ln_f after every loop, and the normed state feeds the next loop
     ponder_scale_embeds: bool = False     # PonderLM's scale_embeds: the input embedding times sqrt(d)
@@ -73,6 +76,10 @@ class GPTConfig:
             bad("pos_emb", POS_EMBS)
         if self.pos_emb == "rope" and (self.n_embd // self.n_head) % 2:
             raise ValueError(f"rope needs an even head size, got n_embd/n_head={self.n_embd // self.n_head}")
+        if not isinstance(self.pos_shift, int) or self.pos_shift < 0:
+            bad("pos_shift", "an integer >= 0")
+        if self.pos_shift and self.pos_emb != "learned":
+            raise ValueError(f"pos_shift={self.pos_shift} needs pos_emb='learned', not {self.pos_emb!r}")
         if self.norm not in NORMS:
             bad("norm", NORMS)
         if self.mlp not in MLPS:
@@ -444,7 +451,15 @@ class GPT(nn.Module):
                 x = x * math.sqrt(cfg.n_embd)
             if cfg.ponder_multiply_steps:
                 x = x * max(1, cfg.n_loop - 1)
-        pos = self.transformer.wpe(torch.arange(T, device=idx.device)) if cfg.pos_emb == "learned" else None
+        pos = None
+        if cfg.pos_emb == "learned":
+            where = torch.arange(T, device=idx.device)  # (T,)
+            if self.training and cfg.pos_shift:
+                if T + cfg.pos_shift > cfg.block_size:
+                    raise ValueError(f"pos_shift={cfg.pos_shift} with sequences of {T} tokens needs "
+                                     f"block_size >= {T + cfg.pos_shift}, not {cfg.block_size}")
+                where = where + torch.randint(0, cfg.pos_shift + 1, (B, 1), device=idx.device)  # (B, T)
+            pos = self.transformer.wpe(where)  # (T, d) or (B, T, d)
         if pos is not None and cfg.recurrence != "ponder":
             x = x + pos  # positions enter once, with the tokens (GPT-2 style)
         for k in range(1, K + 1):

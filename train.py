@@ -66,6 +66,7 @@ dropout = 0.0                # dropout probability in the blocks
 pos_emb = "learned"          # 'learned' | 'rope' | 'none'
 rope_theta = 10000.0         # RoPE base
 pos_every_loop = False       # learned positions: add them before every loop, not only once
+pos_shift = 0                # learned positions, training only: start each sequence at a random position 0..pos_shift (hop extrapolation)
 sandwich_norm = False        # Ouro-style: also normalize each sublayer's output
 per_loop_norm = False        # Ouro: ln_f after every loop; the normed state feeds the next loop (pretraining: True)
 ponder_scale_embeds = False  # PonderLM (hzby/PonderingLM scale_embeds): input embedding times sqrt(d)

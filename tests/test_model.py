@@ -185,3 +185,40 @@ def test_param_counts():
 def test_bad_config_values(kw, needle):
     with pytest.raises(ValueError, match=needle.replace("(", r"\(")):
         GPTConfig(**{"vocab_size": 37, "n_embd": 16, "n_head": 2, **kw})
+
+
+def test_pos_shift_trains_later_position_rows_and_leaves_eval_alone():
+    """pos_shift: in training each sequence reads position rows s..s+T-1 for a random s; evaluation
+    reads 0..T-1, the same as without it. Equal to shifting the learned table by hand."""
+    model = make("disco", 2, pos_emb="learned", pos_shift=3)
+    plain = make("disco", 2, pos_emb="learned")
+    idx = torch.randint(0, 37, (5, 6))
+    assert torch.equal(model(idx)[0], plain(idx)[0])  # eval mode: no shift
+    model.train()
+    torch.manual_seed(7)
+    got = model(idx)[0]
+    torch.manual_seed(7)
+    s = torch.randint(0, 4, (5, 1))
+    assert s.unique().numel() > 1  # the draw really differs per sequence
+    want = torch.cat([plain(idx[i:i + 1], hook=None)[0] if s[i] == 0 else
+                      shifted(plain, idx[i:i + 1], int(s[i])) for i in range(5)])
+    assert torch.allclose(got, want, atol=1e-12)
+    # the positions past the longest sequence get gradients
+    model(idx)[0].sum().backward()
+    assert model.transformer.wpe.weight.grad[6:9].abs().sum() > 0
+    with pytest.raises(ValueError, match="pos_shift=3 with sequences of 14 tokens needs block_size >= 17"):
+        model(torch.zeros(1, 14, dtype=torch.long))
+    with pytest.raises(ValueError, match="pos_shift=2 needs pos_emb='learned'"):
+        GPTConfig(pos_emb="rope", pos_shift=2)
+
+
+def shifted(model, idx, s):
+    """The same model with its position table moved up by s rows (what a shift of s reads)."""
+    wpe = model.transformer.wpe.weight
+    saved = wpe.detach().clone()
+    with torch.no_grad():
+        wpe[:wpe.size(0) - s] = saved[s:]
+    out = model(idx)[0]
+    with torch.no_grad():
+        wpe.copy_(saved)
+    return out
