@@ -210,7 +210,7 @@ config["vocab_size"] = vocab_size
 # model, optimizer, checkpoint
 model_fields = list(GPTConfig.__dataclass_fields__)
 ckpt_path = os.path.join(out_dir, "ckpt.pt")
-iter_num, ckpt, elapsed = 0, None, 0.0
+iter_num, ckpt, elapsed, cpu_elapsed = 0, None, 0.0, 0.0
 if master:
     try:  # one run per out_dir; a second one stops here, naming the holder
         run_lock = lock_run_folder(out_dir)
@@ -231,6 +231,7 @@ if init_from == "resume" or eval_only:  # eval_only evaluates the checkpoint in 
         die(f"cannot resume from {ckpt_path}: {why}")
     iter_num = ckpt["iter_num"]
     elapsed = ckpt.get("elapsed", 0.0)  # wall time of the earlier sessions, so "time" reads as one run
+    cpu_elapsed = ckpt.get("cpu_elapsed", 0.0)  # and their CPU time
 if dtype == "auto" and ckpt is not None and ckpt.get("dtype"):
     dtype = ckpt["dtype"]  # a resumed run keeps the precision it started with (bit-identical resume)
 elif dtype == "auto" and ddp and device_type != "cuda":
@@ -350,7 +351,8 @@ def evaluate():
 def checkpoint_obj():
     obj = {"model": raw_model.state_dict(), "optimizers": [o.state_dict() for o in optimizers],
            "model_args": model_args, "config": config, "data_config": data_config,
-           "iter_num": iter_num, "dtype": dtype, "elapsed": round(time.time() - t_start, 2), "rng_cpu": torch.get_rng_state(),
+           "iter_num": iter_num, "dtype": dtype, "elapsed": round(time.time() - t_start, 2),
+           "cpu_elapsed": round(time.process_time() - cpu_start, 2), "rng_cpu": torch.get_rng_state(),
            "last": last}  # the latest loss/lr/throughput, so rows written right after a resume have them
     if device_type == "cuda":
         obj["rng_cuda"] = torch.cuda.get_rng_state()
@@ -448,6 +450,7 @@ def check_finite():
 nonfinite = torch.zeros((), dtype=torch.bool, device=device)  # set on device, read only by check_finite
 compiled_once = False
 t0, t_start = time.time(), time.time() - elapsed
+cpu_start = time.process_time() - cpu_elapsed  # CPU seconds of this process (all its threads): budgets on a shared machine
 # the resumed iteration's evaluation is in metrics.jsonl, unless a stop abandoned it: then it runs now
 evaluated_at = iter_num if any(r.get("iter") == iter_num for r in rows) else -1
 saved_at = iter_num if init_from == "resume" else -1  # the iteration in ckpt.pt (-1: none yet)
@@ -466,7 +469,7 @@ def out_of_patience():
 
 
 def log_row(metrics):
-    row = {"iter": iter_num, "time": round(time.time() - t_start, 2)}
+    row = {"iter": iter_num, "time": round(time.time() - t_start, 2), "cpu_time": round(time.process_time() - cpu_start, 2)}
     if steps_per_epoch:
         row["epoch"] = round(iter_num / steps_per_epoch, 2)
     row |= metrics | last

@@ -19,7 +19,7 @@ def metrics(out):
 
 
 def stable(m):  # everything but wall-clock figures
-    return {k: v for k, v in m.items() if k not in ("time", "tok_per_s", "tflops", "mfu")}
+    return {k: v for k, v in m.items() if k not in ("time", "cpu_time", "tok_per_s", "tflops", "mfu")}
 
 
 def test_train_then_resume(tiny_data, tmp_path):
@@ -37,6 +37,8 @@ def test_train_then_resume(tiny_data, tmp_path):
     assert [m["iter"] for m in metrics(out)] == [0, 10, 20, 30, 40, 50]
     times = [m["time"] for m in metrics(out)]
     assert times == sorted(times) and times[4] > ck["elapsed"]  # wall time continues across the resume
+    cpu = [m["cpu_time"] for m in metrics(out)]
+    assert cpu == sorted(cpu) and cpu[4] > ck["cpu_elapsed"] > 0  # and so does CPU time (budgets on a shared CPU)
 
 
 def test_early_stop_on_validation_then_resume_takes_the_same_decision(tiny_data, tmp_path):
