@@ -120,7 +120,7 @@ class WindowOrder:
 
 class TokenData:
     """The train and val shards of a folder behind the interface train.py uses for every dataset
-    (as tasks.QAData): vocab_size, config, seq_len, steps_per_epoch, get_batch, evaluate."""
+    (as tasks.QAData): vocab_size, config, seq_len, steps_per_epoch, get_batch, evaluate, metric_names."""
 
     def __init__(self, data_dir, block_size, eval_batches, seed=0):
         self.train, self.val = TokenShards(data_dir, "train"), TokenShards(data_dir, "val")
@@ -142,6 +142,8 @@ class TokenData:
         return self.train.windows(shard, start, self.seq_len)
 
     @torch.no_grad()
+    metric_names = ("val_loss",)  # what evaluate returns
+
     def evaluate(self, model, batch_size, device="cpu", ctx=None, should_stop=None):
         """{'val_loss'} over the same eval_batches windows every time; None if should_stop() turns true."""
         losses = []

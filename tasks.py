@@ -78,7 +78,8 @@ def pad_to(t, T, value):
 
 class QAData:
     """All splits of a prepared folder, as tensors (these datasets are small). The interface train.py
-    uses, shared with shards.TokenData: vocab_size, config, seq_len, steps_per_epoch, get_batch, evaluate."""
+    uses, shared with shards.TokenData: vocab_size, config, seq_len, steps_per_epoch, get_batch, evaluate,
+    metric_names."""
 
     def __init__(self, data_dir, block_size=None):
         self.data_dir = data_dir
@@ -125,6 +126,10 @@ class QAData:
         idx = perm[step * global_batch:(step + 1) * global_batch]
         idx = torch.from_numpy(np.array_split(idx, n_parts)[part])
         return self.train_X[idx], self.train_Y[idx]
+
+    @property
+    def metric_names(self):  # what evaluate returns
+        return [f"{m}/{s}" for s in self.splits for m in ("acc", "acc1", "loss")]
 
     def evaluate(self, model, batch_size, device="cpu", ctx=None, should_stop=None):
         return evaluate_splits(model, self, batch_size=batch_size, device=device, ctx=ctx, should_stop=should_stop)

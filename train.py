@@ -196,11 +196,14 @@ try:
         prep.prepare(merge(prep.DEFAULTS, {**data_args, "out_dir": data_dir}, "data_args"))
     if ddp:
         torch.distributed.barrier()
-    # one interface for both kinds: vocab_size, config, seq_len, steps_per_epoch, get_batch, evaluate
+    # one interface for both kinds: vocab_size, config, seq_len, steps_per_epoch, get_batch, evaluate, metric_names
     data = TokenData(data_dir, block_size, eval_iters, seed) if dataset == "pretrain" else QAData(data_dir, block_size)
 except (DataError, ConfigError) as e:
     die(e)
 data_vocab, data_config = data.vocab_size, data.config
+if stop_metric and stop_metric not in data.metric_names:
+    die(f"stop_metric={stop_metric!r} is not among this dataset's metrics: "
+        f"{[m for m in data.metric_names if 'val' in m]}")
 if vocab_size and vocab_size < data_vocab:
     die(f"vocab_size={vocab_size} is smaller than the dataset's vocabulary ({data_vocab})")
 vocab_size = vocab_size or data_vocab
@@ -500,9 +503,6 @@ while True:
         if master and at_eval and not stop and iter_num != evaluated_at:
             metrics = evaluate()  # None if a stop request arrived meanwhile: it is not waited for
             if metrics is not None:
-                if stop_metric and stop_metric not in metrics:
-                    die(f"stop_metric={stop_metric!r} is not among this dataset's metrics: "
-                        f"{sorted(k for k in metrics if 'val' in k)}")
                 log_row(metrics)
                 evaluated_at = iter_num
         stop = stop or (not ddp and stop_requested)
