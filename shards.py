@@ -141,9 +141,9 @@ class TokenData:
         shard, start = self.order(it * global_batch + part * B + np.arange(B))
         return self.train.windows(shard, start, self.seq_len)
 
-    @torch.no_grad()
     metric_names = ("val_loss",)  # what evaluate returns
 
+    @torch.no_grad()
     def evaluate(self, model, batch_size, device="cpu", ctx=None, should_stop=None):
         """{'val_loss'} over the same eval_batches windows every time; None if should_stop() turns true."""
         losses = []
