@@ -23,8 +23,8 @@ class DataError(ValueError):
 
 
 def table(header, rows):
-    """A markdown table (every script prints its results this way); floats get 3 significant digits."""
-    fmt = lambda v: f"{v:.3g}" if isinstance(v, float) else str(v)
+    """A markdown table (every script prints its results this way); floats get 4 significant digits (0.9985 must not print as 0.999)."""
+    fmt = lambda v: f"{v:.4g}" if isinstance(v, float) else str(v)
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(fmt(v) for v in row) + " |" for row in rows]
     return "\n".join(lines)
