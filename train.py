@@ -87,8 +87,8 @@ activation_checkpointing = "none"  # 'none' | 'block': recompute each block in b
 # optimizer: AdamW on everything, or Muon on the 2-D block matrices + AdamW on the rest
 optimizer = "adamw"          # 'adamw' | 'muon'
 learning_rate = 3e-3         # peak learning rate
-max_iters = 11700           # 300 epochs of 39 iterations (20,000 examples / 512): the cosine below is cut at 2/3
-                             # because test_ood decays late in the 450-epoch run (README, Results)
+max_iters = 17550            # 450 epochs of 39 iterations (20,000 examples / 512); config/symbolic.py stops
+                             # earlier, when validation accuracy stalls (stop_metric)
 weight_decay = 0.3           # matrices only
 beta1 = 0.9                  # AdamW beta1 (0 <= beta1 < 1)
 beta2 = 0.98                 # AdamW beta2 (0 <= beta2 < 1)

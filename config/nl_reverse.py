@@ -13,3 +13,4 @@ disco_alpha = 1.0
 disco_tau = 1.0
 n_loop = 2
 ema_decay = 0.999
+max_iters = 11700                    # 300 epochs (the end point of these runs was not chosen on validation yet)

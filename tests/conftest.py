@@ -14,7 +14,8 @@ os.environ.setdefault("TIKTOKEN_CACHE_DIR", "")
 TINY_DATA = ["--n_entities=30", "--n_relations=8", "--out_degree=4", "--n_train=200", "--n_test=50",
              "--n_val=50"]
 TINY_MODEL = ["--n_layer=1", "--n_head=2", "--n_embd=32", "--batch_size=64", "--eval_batch_size=512",
-              "--dtype=float32", "--threads=1", "--warmup_iters=5", "--learning_rate=3e-3"]
+              "--dtype=float32", "--threads=1", "--warmup_iters=5", "--learning_rate=3e-3",
+              "--stop_metric="]  # tests choose their own length; test_train.py tests early stopping
 
 
 def run(args, cwd=REPO, timeout=300, env=None):
