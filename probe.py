@@ -220,7 +220,7 @@ def cmd_gate(model, data):
     return {**out, **pos}
 
 
-def cmd_plot(dirs, png, stop_metric="", stop_patience=10):
+def cmd_plot(dirs, png, stop_metric="", stop_patience=10, at_epoch=-1):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -249,6 +249,7 @@ def cmd_plot(dirs, png, stop_metric="", stop_patience=10):
                 ax1.plot(x, [m.get(f"acc/{split}", float("nan")) for m in ms], ls=ls, color=color, label=f"{label} {split}")
         stage1 = "acc/train_id" if flat else "acc1/train_id"  # the flat model has no Stage 1: its final accuracy
         ax2.plot(x, [m.get(stage1, float("nan")) for m in ms], color=color, label=label + (" (final)" if flat else ""))
+        ms = [m for m in ms if at_epoch < 0 or m.get("epoch", m["iter"]) <= at_epoch]  # the run up to at_epoch
         out[label] = {"last": ms[-1], "first": first_crossings(ms)}
         if stop_metric:  # where a run with this early-stopping rule ends (the same run's prefix)
             i = early_stop_row(ms, stop_metric, stop_patience)
@@ -263,12 +264,14 @@ def cmd_plot(dirs, png, stop_metric="", stop_patience=10):
     fig.tight_layout()
     fig.savefig(png, dpi=110)
     print(table(["run", "epoch", "minutes", "test_id", "test_ood", "Stage-1 train_id", "best test_ood",
-                 "ID>=.8", "ID>=.9", "OOD>=.8", "OOD>=.9"],
+                 "ID>=.8", "ID>=.9", "OOD>=.8", "OOD>=.9", "Stage-1 peak (epoch)", "Stage-1 < .05 from"],
                 [[k, v["last"].get("epoch"), round(v["last"]["time"] / 60, 1), v["last"].get("acc/test_id"),
                   v["last"].get("acc/test_ood"), v["last"].get("acc1/train_id"), v["first"]["best_ood"]]
                  + [v["first"][f"{s}>={t}"] for s in ("test_id", "test_ood") for t in (0.8, 0.9)]
+                 + [v["first"]["stage1_peak"], v["first"]["stage1_collapse"]]
                  for k, v in out.items()]))
-    print("(crossings: first evaluation at or above the threshold, as 'epoch (minutes)')")
+    print("(crossings: first evaluation at or above the threshold, as 'epoch (minutes)'; the Stage-1 columns "
+          "show the route: a collapse after the peak = composition across loops)")
     if stop_metric:
         print(f"\nwith stop_metric={stop_metric!r}, stop_patience={stop_patience}: the run ends at")
         print(table(["run", "epoch", stop_metric, "acc/val_id", "test_id", "test_ood", "Stage-1 train_id"],
@@ -309,8 +312,14 @@ def plot_pretraining(dirs, png, plt):
 
 
 def first_crossings(ms):
-    """First evaluation where test_id / test_ood reach 0.8 and 0.9, as 'epoch (minutes)'."""
+    """First evaluation where test_id / test_ood reach 0.8 and 0.9, as 'epoch (minutes)', and the
+    route: the Stage-1 two-hop peak and the first evaluation after it below 0.05 (the collapse)."""
     out = {"best_ood": max((m.get("acc/test_ood", 0) for m in ms), default=0)}
+    st = [m for m in ms if "acc1/train_id" in m]
+    peak = max(st, key=lambda m: m["acc1/train_id"], default=None)
+    fall = next((m for m in st if peak and m["iter"] > peak["iter"] and m["acc1/train_id"] < 0.05), None)
+    out["stage1_peak"] = f"{peak['acc1/train_id']} ({peak.get('epoch', peak['iter'])})" if peak else "-"
+    out["stage1_collapse"] = fall.get("epoch", fall["iter"]) if fall else "-"
     for split in ("test_id", "test_ood"):
         for t in (0.8, 0.9):
             hit = next((m for m in ms if m.get(f"acc/{split}", 0) >= t), None)
@@ -333,6 +342,7 @@ DEFAULTS = dict(
     json="",          # output JSON (default: OUT_DIR/probe_<command>.json)
     stop_metric="",   # plot: replay train.py's early stopping on each log with this metric (e.g. 'loss/val_id')
     stop_patience=10,  # plot: ... and this patience (evaluations)
+    at_epoch=-1.0,    # plot: read every run only up to this epoch (-1 = to its end), e.g. to compare routes
     raw=False,        # probe the raw weights, not the weight average (EMA)
     threads=0,        # CPU threads (0 = torch's choice)
     device="auto",    # 'auto' | 'cpu' | 'cuda' (common.py's rule)
@@ -365,7 +375,7 @@ def main(argv):
         if cmd == "plot":
             if not dirs:
                 die("plot needs one or more run folders")
-            res = cmd_plot(dirs, a["png"] or "curves.png", a["stop_metric"], a["stop_patience"])
+            res = cmd_plot(dirs, a["png"] or "curves.png", a["stop_metric"], a["stop_patience"], a["at_epoch"])
             json_path = a["json"] or None
         else:
             if not a["ckpt"]:
