@@ -235,7 +235,7 @@ def cmd_plot(dirs, png, stop_metric="", stop_patience=10, at_epoch=-1):
         path = os.path.join(d, "metrics.jsonl")
         if not os.path.isfile(path):
             raise DataError(f"no metrics.jsonl in '{d}'")
-        ms = read_metrics(path)
+        ms = [m for m in read_metrics(path) if at_epoch < 0 or m.get("epoch", m["iter"]) <= at_epoch]  # up to at_epoch
         cfg_path = os.path.join(d, "config.json")
         label = os.path.basename(os.path.normpath(d))
         flat = False
@@ -246,10 +246,10 @@ def cmd_plot(dirs, png, stop_metric="", stop_patience=10, at_epoch=-1):
         color = f"C{i}"
         for split, ls in (("test_id", "-"), ("test_ood", "--"), ("val_id", ":")):
             if any(f"acc/{split}" in m for m in ms):
-                ax1.plot(x, [m.get(f"acc/{split}", float("nan")) for m in ms], ls=ls, color=color, label=f"{label} {split}")
+                ax1.plot(x, [m.get(f"acc/{split}", float("nan")) for m in ms], ls=ls, color=color,
+                         label=label if split == "test_id" else None)
         stage1 = "acc/train_id" if flat else "acc1/train_id"  # the flat model has no Stage 1: its final accuracy
         ax2.plot(x, [m.get(stage1, float("nan")) for m in ms], color=color, label=label + (" (final)" if flat else ""))
-        ms = [m for m in ms if at_epoch < 0 or m.get("epoch", m["iter"]) <= at_epoch]  # the run up to at_epoch
         out[label] = {"last": ms[-1], "first": first_crossings(ms)}
         if stop_metric:  # where a run with this early-stopping rule ends (the same run's prefix)
             i = early_stop_row(ms, stop_metric, stop_patience)
