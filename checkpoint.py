@@ -116,8 +116,8 @@ def append_metrics(path, row):
 def early_stop_row(rows, metric, patience):
     """Index of the evaluation row at which a run with stop_metric=metric and stop_patience=patience
     stops (its best value, the first on ties, lies `patience` evaluations back), or None. train.py
-    decides with it while running; probe.py stop replays it on a finished log: a run that stops
-    early is the prefix of the same run without stopping."""
+    decides with it while running; probe.py plot --stop_metric replays it on a finished log: a run
+    that stops early is the prefix of the same run without stopping."""
     sign = 1 if metric.startswith(("loss/", "val_loss")) else -1
     best, best_i, n = None, 0, 0
     for i, r in enumerate(rows):

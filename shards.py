@@ -35,6 +35,7 @@ class TokenShards:
             raise DataError(f"'{data_dir}' has no '{split}' shards")
         self.arrays = []
         cache = read_max_cache(data_dir)
+        scanned = False
         for name, n_tokens in files:
             path = os.path.join(data_dir, name)
             if not os.path.isfile(path):
@@ -51,12 +52,13 @@ class TokenShards:
                 top = cache[name][2]
             else:
                 top = max((int(arr[i:i + 2**24].max()) for i in range(0, len(arr), 2**24)), default=0)
-                cache[name] = key + [top]
+                cache[name], scanned = key + [top], True
             if top >= self.meta["vocab_size"]:
                 raise DataError(f"shard '{path}' holds token id {top}, outside the vocabulary ({self.meta['vocab_size']})")
             self.arrays.append(arr)
         self.sizes = np.array([len(a) for a in self.arrays])
-        write_max_cache(data_dir, cache)
+        if scanned:  # otherwise the file already says it all (and DDP ranks need not rewrite it)
+            write_max_cache(data_dir, cache)
 
     def check_window(self, block_size):
         if (self.sizes <= block_size).all():

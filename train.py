@@ -149,7 +149,7 @@ try:  # fail now, not at the first checkpoint
     os.remove(os.path.join(out_dir, f".write-test-{os.getpid()}"))
 except OSError as e:
     die(f"out_dir={out_dir!r} is not writable ({e.strerror})")
-if stop_metric and (not stop_metric.startswith(("loss/", "acc/", "val_loss")) or "test" in stop_metric):
+if "test" in stop_metric:  # the rest is checked against the dataset's metric names once it is loaded
     die(f"stop_metric={stop_metric!r} is invalid: allowed '' or a validation metric such as 'loss/val_id', "
         "'acc/val_id' or 'val_loss' (a test split must not choose the end point)")
 if stop_patience < 1:
@@ -201,6 +201,9 @@ try:
 except (DataError, ConfigError) as e:
     die(e)
 data_vocab, data_config = data.vocab_size, data.config
+if pos_shift and data.seq_len + pos_shift > block_size:
+    die(f"pos_shift={pos_shift} with training sequences of {data.seq_len} tokens needs block_size >= "
+        f"{data.seq_len + pos_shift}, not {block_size}")
 if stop_metric and stop_metric not in data.metric_names:
     die(f"stop_metric={stop_metric!r} is not among this dataset's metrics: "
         f"{[m for m in data.metric_names if 'val' in m]}")

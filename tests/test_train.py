@@ -165,6 +165,7 @@ def test_divergence_never_saves_nonfinite_weights(tiny_data, tmp_path, eval_inte
     (["--stop_metric=acc/test_ood"], "stop_metric='acc/test_ood'"),
     (["--stop_metric=acc/val_ood"], "stop_metric='acc/val_ood' is not among"),
     (["--stop_metric=loss/val_id", "--stop_patience=0"], "stop_patience=0"),
+    (["--pos_shift=6"], "pos_shift=6 with training sequences of 3 tokens needs block_size >= 9"),
 ])
 def test_bad_input_one_line(tiny_data, tmp_path, extra, needle):
     r = run(tiny_train_args(tiny_data, str(tmp_path / "run"), "--max_iters=5", *extra))

@@ -132,12 +132,11 @@ def build(c):
                 info[name + sfx] = {"graph": g, "hops": k, "train": train}
     # validation last, from its own stream: every split above is the same with or without it
     vrng = np.random.default_rng([c["seed"], 1])
-    for k in range(2, c["max_hops"] + 1):
-        if c["n_val"]:
-            sfx = "" if k == 2 else f"_{k}hop"
-            chains = sample_chains(vrng, graphs["A"], ents["A"], k, c["n_val"], exclude=used_A[k])
-            splits["val_id" + sfx] = [render("A", ch) for ch in chains]
-            info["val_id" + sfx] = {"graph": "A", "hops": k, "train": False}
+    for k in range(2, c["max_hops"] + 1) if c["n_val"] else ():
+        sfx = "" if k == 2 else f"_{k}hop"
+        chains = sample_chains(vrng, graphs["A"], ents["A"], k, c["n_val"], exclude=used_A[k])
+        splits["val_id" + sfx] = [render("A", ch) for ch in chains]
+        info["val_id" + sfx] = {"graph": "A", "hops": k, "train": False}
     meta = {"vocab": ents["A"] + ents["B"] + relations, "entities": ents, "relations": relations,
             "splits": {s: {"file": f"{s}.txt", **info[s]} for s in splits},
             "config": {k: c[k] for k in GENERATOR_KEYS}}
