@@ -81,7 +81,7 @@ class QAData:
     uses, shared with shards.TokenData: vocab_size, config, seq_len, steps_per_epoch, get_batch, evaluate,
     metric_names."""
 
-    def __init__(self, data_dir, block_size=None):
+    def __init__(self, data_dir, block_size=None, split_join=None):
         self.data_dir = data_dir
         self.meta = load_meta(data_dir)
         self.stoi = {t: i for i, t in enumerate(self.meta["vocab"])}
@@ -94,6 +94,17 @@ class QAData:
         T = max(self.splits[s][0].size(1) for s in self.train_splits)
         self.train_X = torch.cat([pad_to(self.splits[s][0], T, 0) for s in self.train_splits])
         self.train_Y = torch.cat([pad_to(self.splits[s][1], T, -1) for s in self.train_splits])
+        # a curriculum: a training split may join the mix at a later iteration (split_join[name])
+        self.split_join = dict(split_join or {})
+        for name, it in self.split_join.items():
+            if name not in self.train_splits:
+                raise DataError(f"split_join names {name!r}, not a training split of '{data_dir}': {self.train_splits}")
+            if not isinstance(it, int) or it < 0:
+                raise DataError(f"split_join[{name!r}]={it!r} must be an iteration (an integer >= 0)")
+        if len(self.split_join) == len(self.train_splits) and min(self.split_join.values()) > 0:
+            raise DataError(f"split_join={self.split_join} leaves no training split in the mix at iteration 0")
+        self.row_join = np.concatenate([np.full(len(self.splits[s][0]), self.split_join.get(s, 0))
+                                        for s in self.train_splits])
         if block_size is not None and self.max_len > block_size:
             raise DataError(f"block_size={block_size} is shorter than the longest example ({self.max_len} tokens)")
 
@@ -113,17 +124,20 @@ class QAData:
     def max_len(self):
         return max(X.size(1) for X, _ in self.splits.values())
 
-    def steps_per_epoch(self, global_batch):
+    def steps_per_epoch(self, global_batch):  # of the whole training set (a curriculum's late splits included)
         return max(1, len(self.train_X) // global_batch)
 
     def get_batch(self, it, global_batch, part, n_parts, seed):
         """Part `part` of `n_parts` of the global batch of iteration `it`. The order is a pure
         function of (seed, epoch), so resuming at iteration `it` continues the exact same stream,
         and DDP ranks x micro-steps see the same examples as one process with accumulation."""
-        spe = self.steps_per_epoch(global_batch)
-        epoch, step = divmod(it, spe)
-        perm = np.random.default_rng([seed, epoch]).permutation(len(self.train_X))
-        idx = perm[step * global_batch:(step + 1) * global_batch]
+        joined = self.row_join <= it
+        rows = np.flatnonzero(joined)  # the examples in the mix at this iteration
+        start = int(self.row_join[joined].max())  # ... since this one (its phase's epochs count from here)
+        spe = max(1, len(rows) // global_batch)
+        epoch, step = divmod(it - start, spe)
+        perm = np.random.default_rng([seed, epoch] if start == 0 else [seed, start, epoch]).permutation(len(rows))
+        idx = rows[perm[step * global_batch:(step + 1) * global_batch]]
         idx = torch.from_numpy(np.array_split(idx, n_parts)[part])
         return self.train_X[idx], self.train_Y[idx]
 

@@ -56,6 +56,7 @@ eval_batch_size = 2048       # QA: questions per evaluation forward
 eval_iters = 50              # pretrain: validation batches per evaluation
 stop_metric = ""             # '' = off; else stop early on this evaluation metric, e.g. 'loss/val_id' (loss: lower is better, acc: higher); never a test split
 stop_patience = 10           # with stop_metric: stop after this many evaluations without a new best
+split_join = {}              # QA curriculum: {training split: iteration it joins the mix}, e.g. {"train_id_3hop": 7800}
 # model (see model.GPTConfig)
 vocab_size = 0               # embedding rows; 0 = the dataset's vocabulary (larger pads, e.g. to match a parameter count)
 n_layer = 1                  # blocks in f_theta (one loop)
@@ -197,7 +198,9 @@ try:
     if ddp:
         torch.distributed.barrier()
     # one interface for both kinds: vocab_size, config, seq_len, steps_per_epoch, get_batch, evaluate, metric_names
-    data = TokenData(data_dir, block_size, eval_iters, seed) if dataset == "pretrain" else QAData(data_dir, block_size)
+    if dataset == "pretrain" and split_join:
+        die(f"split_join={split_join!r} is for QA datasets; a token corpus has no splits to join: use {{}}")
+    data = TokenData(data_dir, block_size, eval_iters, seed) if dataset == "pretrain" else QAData(data_dir, block_size, split_join)
 except (DataError, ConfigError) as e:
     die(e)
 data_vocab, data_config = data.vocab_size, data.config
@@ -233,6 +236,12 @@ if init_from == "resume" or eval_only:  # eval_only evaluates the checkpoint in 
     why = config_mismatch(ckpt["model_args"], config, model_fields) \
         or config_mismatch(ckpt["config"], config, ["optimizer"]) \
         or config_mismatch(ckpt.get("data_config", {}), data_config, list(data_config))
+    # a curriculum may be changed where it has not acted yet: every join at or after the resume point
+    saved_join = ckpt["config"].get("split_join", {})
+    acted = lambda joins: {s: j for s, j in joins.items() if 0 < j < ckpt["iter_num"]}  # noqa: E731 (0 = not listed)
+    if not why and acted(saved_join) != acted(split_join):
+        why = (f"split_join: the checkpoint (iteration {ckpt['iter_num']}) was trained with {saved_join!r}, "
+               f"now {split_join!r}; only joins at or after iteration {ckpt['iter_num']} may change")
     if why:
         die(f"cannot resume from {ckpt_path}: {why}")
     iter_num = ckpt["iter_num"]

@@ -218,3 +218,42 @@ def test_damaged_dataset_one_line(tiny_data, tmp_path, damage, needle):
     damage(d)
     r = run(tiny_train_args(d, str(tmp_path / "run"), "--max_iters=5"))
     assert r.returncode == 2 and needle in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_split_join_curriculum_stream(tiny_data):
+    """A late split is absent before its join iteration and present after; the stream before a join
+    does not depend on when the join is (what lets a resume move a join that has not acted yet); and
+    without split_join the stream is the one every earlier run trained on."""
+    import numpy as np
+    from common import DataError
+    from tasks import QAData
+    plain, late, later = QAData(tiny_data), QAData(tiny_data, None, {"train_id": 20}), QAData(tiny_data, None, {"train_id": 50})
+    n_atom = len(plain.splits["train_atom"][0])
+    rows = lambda d, it: {tuple(r) for r in d.get_batch(it, 64, 0, 1, 0)[0].tolist()}  # noqa: E731
+    atoms = {tuple(r) for r in plain.train_X[:n_atom].tolist()}
+    assert all(rows(late, it) <= atoms for it in range(20))                 # only atoms before the join
+    assert any(not rows(late, it) <= atoms for it in range(20, 30))          # two-hop questions after it
+    assert all(rows(late, it) == rows(later, it) for it in range(20))       # the join's value acts only from it on
+    spe = plain.steps_per_epoch(64)
+    perm = np.random.default_rng([0, 1]).permutation(len(plain.train_X))[:64]
+    assert torch.equal(plain.get_batch(spe, 64, 0, 1, 0)[0], plain.train_X[torch.from_numpy(perm)])
+    for bad, needle in (({"test_id": 5}, "not a training split"), ({"train_id": -1}, "must be an iteration"),
+                        ({"train_id": 5, "train_atom": 5}, "no training split")):
+        with pytest.raises(DataError, match=needle):
+            QAData(tiny_data, None, bad)
+
+
+def test_split_join_resume_may_move_only_future_joins(tiny_data, tmp_path):
+    out = str(tmp_path / "run")
+    r = run(tiny_train_args(tiny_data, out, "--max_iters=10", "--eval_interval=10", "--split_join={'train_id': 100}"))
+    assert r.returncode == 0, r.stderr
+    r = run(tiny_train_args(tiny_data, out, "--max_iters=20", "--eval_interval=10", "--init_from=resume",
+                            "--split_join={'train_id': 12}"))  # not acted yet at iteration 10: may move
+    assert r.returncode == 0, r.stderr
+    r = run(tiny_train_args(tiny_data, out, "--max_iters=30", "--eval_interval=10", "--init_from=resume",
+                            "--split_join={'train_id': 15}"))  # acted at 12 already: refused in one line
+    assert r.returncode == 2 and "only joins at or after iteration 20 may change" in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+    r = run(tiny_train_args(tiny_data, out, "--max_iters=30", "--eval_interval=10", "--split_join={'nope': 3}",
+                            "--overwrite=True"))
+    assert r.returncode == 2 and "'nope', not a training split" in r.stderr, r.stderr
