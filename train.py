@@ -238,8 +238,8 @@ if init_from == "resume" or eval_only:  # eval_only evaluates the checkpoint in 
         or config_mismatch(ckpt.get("data_config", {}), data_config, list(data_config))
     # a curriculum may be changed where it has not acted yet: every join at or after the resume point
     saved_join = ckpt["config"].get("split_join", {})
-    acted = lambda joins: {s: j for s, j in joins.items() if 0 < j < ckpt["iter_num"]}  # noqa: E731 (0 = not listed)
-    if not why and acted(saved_join) != acted(split_join):
+    past = lambda joins: {s: min(joins.get(s, 0), ckpt["iter_num"]) for s in set(saved_join) | set(split_join)}  # noqa: E731
+    if not why and past(saved_join) != past(split_join):  # (a split not listed is in the mix from iteration 0)
         why = (f"split_join: the checkpoint (iteration {ckpt['iter_num']}) was trained with {saved_join!r}, "
                f"now {split_join!r}; only joins at or after iteration {ckpt['iter_num']} may change")
     if why:
