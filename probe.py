@@ -220,7 +220,7 @@ def cmd_gate(model, data):
     return {**out, **pos}
 
 
-def cmd_plot(dirs, png, stop_metric="", stop_patience=10, at_epoch=-1):
+def cmd_plot(dirs, png, stop_metric="", stop_patience=10, at_epoch=-1, hops=2):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -229,6 +229,10 @@ def cmd_plot(dirs, png, stop_metric="", stop_patience=10, at_epoch=-1):
             raise DataError(f"no metrics.jsonl in '{d}'")
     if all(any("val_loss" in m for m in read_metrics(os.path.join(d, "metrics.jsonl"))) for d in dirs):
         return plot_pretraining(dirs, png, plt)
+    sfx = "" if hops == 2 else f"_{hops}hop"  # the split names of k-hop questions (data/symbolic/prepare.py)
+    for d in dirs:
+        if not any(f"acc/test_id{sfx}" in m for m in read_metrics(os.path.join(d, "metrics.jsonl"))):
+            raise DataError(f"hops={hops}: '{d}' has no test_id{sfx} accuracy in its metrics (trained on other hops?)")
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.6))
     out = {}
     for i, d in enumerate(dirs):
@@ -245,32 +249,35 @@ def cmd_plot(dirs, png, stop_metric="", stop_patience=10, at_epoch=-1):
         x = [m.get("epoch", m["iter"]) for m in ms]
         color = f"C{i}"
         for split, ls in (("test_id", "-"), ("test_ood", "--"), ("val_id", ":")):
-            if any(f"acc/{split}" in m for m in ms):
-                ax1.plot(x, [m.get(f"acc/{split}", float("nan")) for m in ms], ls=ls, color=color,
+            if any(f"acc/{split}{sfx}" in m for m in ms):
+                ax1.plot(x, [m.get(f"acc/{split}{sfx}", float("nan")) for m in ms], ls=ls, color=color,
                          label=label if split == "test_id" else None)
-        stage1 = "acc/train_id" if flat else "acc1/train_id"  # the flat model has no Stage 1: its final accuracy
+        stage1 = f"acc/train_id{sfx}" if flat else f"acc1/train_id{sfx}"  # the flat model has no Stage 1: its final accuracy
         ax2.plot(x, [m.get(stage1, float("nan")) for m in ms], color=color, label=label + (" (final)" if flat else ""))
-        out[label] = {"last": ms[-1], "first": first_crossings(ms)}
+        out[label] = {"last": ms[-1], "first": first_crossings(ms, sfx)}
         if stop_metric:  # where a run with this early-stopping rule ends (the same run's prefix)
             i = early_stop_row(ms, stop_metric, stop_patience)
             out[label]["stop"] = ms[i] if i is not None else None
             if i is not None:
                 ax1.axvline(x[i], color=color, lw=0.8, alpha=0.6)
-    ax1.set(xlabel="epoch", ylabel="two-hop accuracy", ylim=(0, 1.02),
+    ax1.set(xlabel="epoch", ylabel=f"{hops}-hop accuracy", ylim=(0, 1.02),
             title="test_id (solid), test_ood (dashed), val_id (dotted)" + (", | = stop" if stop_metric else ""))
-    ax2.set(xlabel="epoch", ylabel="Stage-1 train two-hop accuracy", ylim=(0, 1.02), title="Stage-1 (head after loop 1)")
+    ax2.set(xlabel="epoch", ylabel=f"Stage-1 train {hops}-hop accuracy", ylim=(0, 1.02), title="Stage-1 (head after loop 1)")
     ax1.legend(fontsize=7)
     ax2.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(png, dpi=110)
-    print(table(["run", "epoch", "minutes", "test_id", "test_ood", "Stage-1 train_id", "best test_ood",
-                 "ID>=.8", "ID>=.9", "OOD>=.8", "OOD>=.9", "Stage-1 peak (epoch)", "Stage-1 < .05 from"],
-                [[k, v["last"].get("epoch"), round(v["last"]["time"] / 60, 1), v["last"].get("acc/test_id"),
-                  v["last"].get("acc/test_ood"), v["last"].get("acc1/train_id"), v["first"]["best_ood"]]
+    print(f"{hops}-hop splits:")
+    print(table(["run", "epoch", "minutes", "CPU minutes", f"test_id{sfx}", f"test_ood{sfx}", f"Stage-1 train_id{sfx}",
+                 "best test_ood", "ID>=.8", "ID>=.9", "OOD>=.8", "OOD>=.9", "Stage-1 peak (epoch)", "Stage-1 < .05 from"],
+                [[k, v["last"].get("epoch"), round(v["last"]["time"] / 60, 1),
+                  round(v["last"]["cpu_time"] / 60, 1) if "cpu_time" in v["last"] else "-",
+                  v["last"].get(f"acc/test_id{sfx}"), v["last"].get(f"acc/test_ood{sfx}"),
+                  v["last"].get(f"acc1/train_id{sfx}"), v["first"]["best_ood"]]
                  + [v["first"][f"{s}>={t}"] for s in ("test_id", "test_ood") for t in (0.8, 0.9)]
                  + [v["first"]["stage1_peak"], v["first"]["stage1_collapse"]]
                  for k, v in out.items()]))
-    print("(crossings: first evaluation at or above the threshold, as 'epoch (minutes)'; the Stage-1 columns "
+    print("(crossings: first evaluation at or above the threshold, as 'epoch (minutes; CPU minutes)'; the Stage-1 columns "
           "show the route: a collapse after the peak = composition across loops)")
     if stop_metric:
         print(f"\nwith stop_metric={stop_metric!r}, stop_patience={stop_patience}: the run ends at")
@@ -311,19 +318,22 @@ def plot_pretraining(dirs, png, plt):
     return out
 
 
-def first_crossings(ms):
-    """First evaluation where test_id / test_ood reach 0.8 and 0.9, as 'epoch (minutes)', and the
-    route: the Stage-1 two-hop peak and the first evaluation after it below 0.05 (the collapse)."""
-    out = {"best_ood": max((m.get("acc/test_ood", 0) for m in ms), default=0)}
-    st = [m for m in ms if "acc1/train_id" in m]
-    peak = max(st, key=lambda m: m["acc1/train_id"], default=None)
-    fall = next((m for m in st if peak and m["iter"] > peak["iter"] and m["acc1/train_id"] < 0.05), None)
-    out["stage1_peak"] = f"{peak['acc1/train_id']} ({peak.get('epoch', peak['iter'])})" if peak else "-"
+def first_crossings(ms, sfx=""):
+    """First evaluation where test_id / test_ood (of the k-hop splits named with `sfx`) reach 0.8 and
+    0.9, as 'epoch (minutes; CPU minutes)', and the route: the Stage-1 peak on the training questions
+    and the first evaluation after it below 0.05 (the collapse)."""
+    out = {"best_ood": max((m.get(f"acc/test_ood{sfx}", 0) for m in ms), default=0)}
+    s1 = f"acc1/train_id{sfx}"
+    st = [m for m in ms if s1 in m]
+    peak = max(st, key=lambda m: m[s1], default=None)
+    fall = next((m for m in st if peak and m["iter"] > peak["iter"] and m[s1] < 0.05), None)
+    out["stage1_peak"] = f"{peak[s1]} ({peak.get('epoch', peak['iter'])})" if peak else "-"
     out["stage1_collapse"] = fall.get("epoch", fall["iter"]) if fall else "-"
     for split in ("test_id", "test_ood"):
         for t in (0.8, 0.9):
-            hit = next((m for m in ms if m.get(f"acc/{split}", 0) >= t), None)
-            out[f"{split}>={t}"] = f"{hit.get('epoch', hit['iter'])} ({hit['time'] / 60:.1f})" if hit else "-"
+            hit = next((m for m in ms if m.get(f"acc/{split}{sfx}", 0) >= t), None)
+            cpu = f"; {hit['cpu_time'] / 60:.1f}" if hit and "cpu_time" in hit else ""
+            out[f"{split}>={t}"] = f"{hit.get('epoch', hit['iter'])} ({hit['time'] / 60:.1f}{cpu})" if hit else "-"
     return out
 
 
@@ -343,6 +353,7 @@ DEFAULTS = dict(
     stop_metric="",   # plot: replay train.py's early stopping on each log with this metric (e.g. 'loss/val_id')
     stop_patience=10,  # plot: ... and this patience (evaluations)
     at_epoch=-1.0,    # plot: read every run only up to this epoch (-1 = to its end), e.g. to compare routes
+    hops=2,           # plot: which questions to draw and tabulate (3 = the *_3hop splits of config/symbolic3.py)
     raw=False,        # probe the raw weights, not the weight average (EMA)
     threads=0,        # CPU threads (0 = torch's choice)
     device="auto",    # 'auto' | 'cpu' | 'cuda' (common.py's rule)
@@ -375,7 +386,7 @@ def main(argv):
         if cmd == "plot":
             if not dirs:
                 die("plot needs one or more run folders")
-            res = cmd_plot(dirs, a["png"] or "curves.png", a["stop_metric"], a["stop_patience"], a["at_epoch"])
+            res = cmd_plot(dirs, a["png"] or "curves.png", a["stop_metric"], a["stop_patience"], a["at_epoch"], a["hops"])
             json_path = a["json"] or None
         else:
             if not a["ckpt"]:

@@ -96,6 +96,23 @@ def test_plot(tiny_ckpts, tmp_path):
     assert os.path.getsize(png) > 1000 and "| run |" in out
 
 
+def test_plot_hops_reads_the_k_hop_splits(tiny_ckpts, tmp_path):
+    """--hops=3 tabulates the *_3hop metrics (here written by hand into a log), and a run without them
+    is a one-line error."""
+    run3 = tmp_path / "run3"
+    run3.mkdir()
+    rows = [{"iter": i * 10, "epoch": i, "time": 60.0 * i, "cpu_time": 30.0 * i, "acc/test_id": 0.5,
+             "acc/test_id_3hop": 0.3 * i, "acc/test_ood_3hop": 0.2 * i, "acc1/train_id_3hop": 0.9 - 0.3 * i}
+            for i in range(4)]
+    (run3 / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in rows))
+    out = probe("plot", str(run3), "--hops=3", f"--png={tmp_path / 'c.png'}", f"--json={tmp_path / 'c.json'}")
+    assert "| run3 | 3 | 3 | 1.5 | 0.9 | 0.6 |" in out  # last row: epoch, minutes, CPU minutes, 3-hop ID / OOD
+    res = json.load(open(tmp_path / "c.json"))["run3"]["first"]
+    assert res["test_id>=0.8"] == "3 (3.0; 1.5)" and res["test_ood>=0.8"] == "-" and res["stage1_collapse"] == 3
+    r = run(["probe.py", "plot", tiny_ckpts["loop"], "--hops=3", f"--png={tmp_path / 'd.png'}"])
+    assert r.returncode == 2 and "no test_id_3hop" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
 @pytest.mark.parametrize("args,needle", [
     (["acc", "--ckpt=/nonexistent/ckpt.pt"], "not found"),
     (["acc"], "needs --ckpt"),
