@@ -224,22 +224,21 @@ def cmd_plot(dirs, png, stop_metric="", stop_patience=10, at_epoch=-1, hops=2):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    for d in dirs:
+    logs = {}
+    for d in dirs:  # each log read once
         if not os.path.isfile(os.path.join(d, "metrics.jsonl")):
             raise DataError(f"no metrics.jsonl in '{d}'")
-    if all(any("val_loss" in m for m in read_metrics(os.path.join(d, "metrics.jsonl"))) for d in dirs):
-        return plot_pretraining(dirs, png, plt)
+        logs[d] = read_metrics(os.path.join(d, "metrics.jsonl"))
+    if all(any("val_loss" in m for m in ms) for ms in logs.values()):
+        return plot_pretraining(logs, png, plt)
     sfx = "" if hops == 2 else f"_{hops}hop"  # the split names of k-hop questions (data/symbolic/prepare.py)
-    for d in dirs:
-        if not any(f"acc/test_id{sfx}" in m for m in read_metrics(os.path.join(d, "metrics.jsonl"))):
+    for d, ms in logs.items():
+        if not any(f"acc/test_id{sfx}" in m for m in ms):
             raise DataError(f"hops={hops}: '{d}' has no test_id{sfx} accuracy in its metrics (trained on other hops?)")
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.6))
     out = {}
     for i, d in enumerate(dirs):
-        path = os.path.join(d, "metrics.jsonl")
-        if not os.path.isfile(path):
-            raise DataError(f"no metrics.jsonl in '{d}'")
-        ms = [m for m in read_metrics(path) if at_epoch < 0 or m.get("epoch", m["iter"]) <= at_epoch]  # up to at_epoch
+        ms = [m for m in logs[d] if at_epoch < 0 or m.get("epoch", m["iter"]) <= at_epoch]  # up to at_epoch
         cfg_path = os.path.join(d, "config.json")
         label = os.path.basename(os.path.normpath(d))
         flat = False
@@ -289,12 +288,11 @@ def cmd_plot(dirs, png, stop_metric="", stop_patience=10, at_epoch=-1, hops=2):
     return out
 
 
-def plot_pretraining(dirs, png, plt):
-    """Validation and training loss against tokens, for token-shard runs (no QA splits)."""
+def plot_pretraining(logs, png, plt):
+    """Validation and training loss against tokens, for token-shard runs (no QA splits); logs: {run folder: rows}."""
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.6))
     out = {}
-    for i, d in enumerate(dirs):
-        ms = read_metrics(os.path.join(d, "metrics.jsonl"))
+    for i, (d, ms) in enumerate(logs.items()):
         with open(os.path.join(d, "config.json")) as f:
             c = json.load(f)
         per_iter = c["batch_size"] * c["gradient_accumulation_steps"] * c["block_size"]
