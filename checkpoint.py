@@ -9,7 +9,9 @@ someone else's file cannot execute their code.
 import fcntl
 import glob
 import json
+import math
 import os
+import re
 import sys
 
 import torch
@@ -129,6 +131,44 @@ def early_stop_row(rows, metric, patience):
             return i
         n += 1
     return None
+
+
+JOIN_RULE = re.compile(r"^\s*([\w/]+)\s*(>=|<=)\s*([-+.\w]+)\s*$")
+
+
+def parse_join_rule(rule):
+    """'acc/val_id>=0.9' -> ('acc/val_id', '>=', 0.9). A one-line ValueError for anything else."""
+    m = JOIN_RULE.match(rule)
+    try:
+        value = float(m.group(3)) if m else math.nan
+    except ValueError:
+        value = math.nan
+    if not m or not math.isfinite(value):
+        raise ValueError(f"split_join rule {rule!r} is invalid: allowed 'metric>=number' or 'metric<=number', "
+                         "e.g. 'acc/val_id>=0.9'")
+    return m.group(1), m.group(2), value
+
+
+def join_iteration(rows, rule):
+    """Iteration of the first evaluation row at which `rule` held, or None. A split joined by a rule
+    (split_join={"train_id_3hop": "acc/val_id>=0.9"}) enters the mix at that iteration: train.py
+    decides with it while running and again from metrics.jsonl on resume, so both take one decision."""
+    metric, op, value = parse_join_rule(rule)
+    for r in rows:
+        if metric in r and not r.get("eval_only") and (r[metric] >= value if op == ">=" else r[metric] <= value):
+            return r["iter"]
+    return None
+
+
+def joins_acted(split_join, rows, it):
+    """{split: iteration it joined} for the joins that acted before iteration `it` (a split not listed is
+    in the mix from 0), else None: what a checkpoint at `it` was trained with, and what a resume may
+    not change. A join at `it` itself has not acted: the batch of iteration `it` is drawn after it."""
+    out = {}
+    for name, when in split_join.items():
+        j = join_iteration(rows, when) if isinstance(when, str) else when
+        out[name] = j if j is not None and j < it else None
+    return out
 
 
 def strip_compile_prefix(state_dict):

@@ -94,19 +94,28 @@ class QAData:
         T = max(self.splits[s][0].size(1) for s in self.train_splits)
         self.train_X = torch.cat([pad_to(self.splits[s][0], T, 0) for s in self.train_splits])
         self.train_Y = torch.cat([pad_to(self.splits[s][1], T, -1) for s in self.train_splits])
-        # a curriculum: a training split may join the mix at a later iteration (split_join[name])
+        # a curriculum: a training split may join the mix at a later iteration (split_join[name]; None =
+        # not yet, set_join decides during the run, e.g. when a validation metric reaches a threshold)
         self.split_join = dict(split_join or {})
         for name, it in self.split_join.items():
             if name not in self.train_splits:
                 raise DataError(f"split_join names {name!r}, not a training split of '{data_dir}': {self.train_splits}")
-            if not isinstance(it, int) or it < 0:
-                raise DataError(f"split_join[{name!r}]={it!r} must be an iteration (an integer >= 0)")
-        if len(self.split_join) == len(self.train_splits) and min(self.split_join.values()) > 0:
+            if it is not None and (not isinstance(it, int) or it < 0):
+                raise DataError(f"split_join[{name!r}]={it!r} must be an iteration (an integer >= 0) or None (not yet)")
+        if len(self.split_join) == len(self.train_splits) and all(it != 0 for it in self.split_join.values()):
             raise DataError(f"split_join={self.split_join} leaves no training split in the mix at iteration 0")
-        self.row_join = np.concatenate([np.full(len(self.splits[s][0]), self.split_join.get(s, 0))
-                                        for s in self.train_splits])
         if block_size is not None and self.max_len > block_size:
             raise DataError(f"block_size={block_size} is shorter than the longest example ({self.max_len} tokens)")
+        self.set_join()
+
+    def set_join(self, name=None, it=None):
+        """Split `name` joins the mix at iteration `it` (train.py calls it when a join rule fires)."""
+        if name is not None:
+            self.split_join[name] = it
+        join = {s: self.split_join.get(s, 0) for s in self.train_splits}
+        never = np.iinfo(np.int64).max
+        self.row_join = np.concatenate([np.full(len(self.splits[s][0]), never if join[s] is None else join[s])
+                                        for s in self.train_splits])
 
     @property
     def config(self):

@@ -26,7 +26,9 @@ from torch.distributed import destroy_process_group, init_process_group
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from common import DTYPES, DataError, autocast, resolve_device, resolve_dtype
-from checkpoint import RESUME_KEYS, CheckpointError, append_metrics, early_stop_row, lock_run_folder, read_metrics, config_mismatch, load_checkpoint, save_checkpoint, strip_compile_prefix
+from checkpoint import (RESUME_KEYS, CheckpointError, append_metrics, config_mismatch, early_stop_row, join_iteration,
+                        joins_acted, load_checkpoint, lock_run_folder, parse_join_rule, read_metrics, save_checkpoint,
+                        strip_compile_prefix)
 from configurator import ConfigError, configure, die, merge
 from model import GPT, GPTConfig
 from muon import SplitMuon, takes_muon
@@ -56,7 +58,7 @@ eval_batch_size = 2048       # QA: questions per evaluation forward
 eval_iters = 50              # pretrain: validation batches per evaluation
 stop_metric = ""             # '' = off; else stop early on this evaluation metric, e.g. 'loss/val_id' (loss: lower is better, acc: higher); never a test split
 stop_patience = 10           # with stop_metric: stop after this many evaluations without a new best
-split_join = {}              # QA curriculum: {training split: iteration it joins the mix}, e.g. {"train_id_3hop": 7800}
+split_join = {}              # QA curriculum: {training split: iteration it joins the mix, or a rule on a validation metric}, e.g. {"train_id_3hop": 6630} or {"train_id_3hop": "acc/val_id>=0.9"}
 # model (see model.GPTConfig)
 vocab_size = 0               # embedding rows; 0 = the dataset's vocabulary (larger pads, e.g. to match a parameter count)
 n_layer = 1                  # blocks in f_theta (one loop)
@@ -155,6 +157,17 @@ if "test" in stop_metric:  # the rest is checked against the dataset's metric na
         "'acc/val_id' or 'val_loss' (a test split must not choose the end point)")
 if stop_patience < 1:
     die(f"stop_patience={stop_patience} must be >= 1")
+if not isinstance(split_join, dict):
+    die(f"split_join={split_join!r} is invalid: allowed a dict {{training split: iteration or rule}}")
+for name, when in split_join.items():  # metric names are checked once the dataset is loaded
+    if isinstance(when, str):
+        try:
+            parse_join_rule(when)
+        except ValueError as e:
+            die(e)
+    elif not isinstance(when, int) or isinstance(when, bool) or when < 0:
+        die(f"split_join[{name!r}]={when!r} is invalid: allowed an iteration (an integer >= 0) or a rule "
+            "such as 'acc/val_id>=0.9'")
 if not 0 <= ema_decay < 1:
     die(f"ema_decay={ema_decay} is invalid: allowed 0 (off) or 0 < ema_decay < 1")
 
@@ -200,7 +213,7 @@ try:
     # one interface for both kinds: vocab_size, config, seq_len, steps_per_epoch, get_batch, evaluate, metric_names
     if dataset == "pretrain" and split_join:
         die(f"split_join={split_join!r} is for QA datasets; a token corpus has no splits to join: use {{}}")
-    data = TokenData(data_dir, block_size, eval_iters, seed) if dataset == "pretrain" else QAData(data_dir, block_size, split_join)
+    data = TokenData(data_dir, block_size, eval_iters, seed) if dataset == "pretrain" else QAData(data_dir, block_size, {s: None if isinstance(j, str) else j for s, j in split_join.items()})
 except (DataError, ConfigError) as e:
     die(e)
 data_vocab, data_config = data.vocab_size, data.config
@@ -210,6 +223,12 @@ if pos_shift and data.seq_len + pos_shift > block_size:
 if stop_metric and stop_metric not in data.metric_names:
     die(f"stop_metric={stop_metric!r} is not among this dataset's metrics: "
         f"{[m for m in data.metric_names if 'val' in m]}")
+rule_joins = {s: j for s, j in split_join.items() if isinstance(j, str)}  # splits a validation metric lets in
+for name, rule in rule_joins.items():
+    metric = parse_join_rule(rule)[0]
+    if metric not in data.metric_names or "test" in metric:
+        die(f"split_join[{name!r}]={rule!r}: {metric!r} is not a validation or training metric of this dataset "
+            f"(e.g. {[m for m in data.metric_names if 'val' in m]}; a test split must not steer training)")
 if vocab_size and vocab_size < data_vocab:
     die(f"vocab_size={vocab_size} is smaller than the dataset's vocabulary ({data_vocab})")
 vocab_size = vocab_size or data_vocab
@@ -238,8 +257,9 @@ if init_from == "resume" or eval_only:  # eval_only evaluates the checkpoint in 
         or config_mismatch(ckpt.get("data_config", {}), data_config, list(data_config))
     # a curriculum may be changed where it has not acted yet: every join at or after the resume point
     saved_join = ckpt["config"].get("split_join", {})
-    past = lambda joins: {s: min(joins.get(s, 0), ckpt["iter_num"]) for s in set(saved_join) | set(split_join)}  # noqa: E731
-    if not why and past(saved_join) != past(split_join):  # (a split not listed is in the mix from iteration 0)
+    past_rows = read_metrics(os.path.join(out_dir, "metrics.jsonl"))  # where the checkpoint's rules fired
+    was, now = (joins_acted(j, past_rows, ckpt["iter_num"]) for j in (saved_join, split_join))
+    if not why and any(was.get(s, 0) != now.get(s, 0) for s in set(was) | set(now)):  # not listed: in from 0
         why = (f"split_join: the checkpoint (iteration {ckpt['iter_num']}) was trained with {saved_join!r}, "
                f"now {split_join!r}; only joins at or after iteration {ckpt['iter_num']} may change")
     if why:
@@ -472,6 +492,25 @@ saved_at = iter_num if init_from == "resume" else -1  # the iteration in ckpt.pt
 early_stopped = False
 
 
+def apply_rule_joins():
+    """Let in every split whose rule has held at an evaluation so far. Read from the rows of
+    metrics.jsonl, so a resumed run joins where the uninterrupted one did; rank 0 decides, all follow."""
+    if not rule_joins:
+        return
+    fired = [join_iteration(rows, rule) if master else None for rule in rule_joins.values()]
+    its = torch.tensor([-1 if j is None else j for j in fired])
+    if ddp:
+        torch.distributed.broadcast(its, src=0, group=ctrl_group)
+    for (name, rule), j in zip(rule_joins.items(), its.tolist()):
+        if j >= 0 and data.split_join[name] is None:
+            data.set_join(name, j)
+            if master:
+                print(f"{name} joins the mix at iteration {j} ({rule} held there)")
+
+
+apply_rule_joins()  # a resumed run: the joins its rows already decided
+
+
 def out_of_patience():
     """True when stop_metric has not improved for stop_patience evaluations. Read from the rows of
     metrics.jsonl, so a resumed run takes the same decision as an uninterrupted one."""
@@ -523,6 +562,8 @@ while True:
             if ddp:
                 torch.distributed.broadcast(early, src=0, group=ctrl_group)
             early_stopped = bool(early.item())
+        if at_eval:
+            apply_rule_joins()
         if master and iter_num > 0 and iter_num != saved_at:
             try:
                 save_checkpoint(checkpoint_obj(), ckpt_path)

@@ -116,8 +116,10 @@ def test_stop_at_an_evaluation_boundary_keeps_the_row(tiny_data, tmp_path):
 
 def test_stop_during_the_first_evaluation_claims_no_checkpoint(tiny_data, tmp_path):
     out = str(tmp_path / "run")
-    p = start(tiny_train_args(tiny_data, out, "--max_iters=100000"), DISCOLOOP_TEST_SLOW_EVAL="0.5")
-    time.sleep(6)  # imports, data, then the (slowed) iteration-0 evaluation
+    p = start(tiny_train_args(tiny_data, out, "--max_iters=100000"), DISCOLOOP_TEST_SLOW_EVAL="0.5", PYTHONUNBUFFERED="1")
+    while "parameters" not in p.stdout.readline():  # imports and data done (a fixed sleep raced them on a busy machine)
+        assert p.poll() is None, p.communicate()
+    time.sleep(1.5)  # the signal handlers are set, the (slowed) iteration-0 evaluation is under way
     p.send_signal(signal.SIGINT)
     stdout, stderr = p.communicate(timeout=60)
     assert p.returncode == 0, stderr

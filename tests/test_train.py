@@ -244,16 +244,39 @@ def test_split_join_curriculum_stream(tiny_data):
 
 
 def test_split_join_resume_may_move_only_future_joins(tiny_data, tmp_path):
-    out = str(tmp_path / "run")
+    """Integer joins and rule joins ('metric>=x': the split joins at the first evaluation where it held)
+    are one decision whether the run was interrupted or not, and a resume may change only what has not
+    acted yet."""
+    import json
+    from checkpoint import join_iteration, joins_acted, parse_join_rule
+    out, live = str(tmp_path / "run"), str(tmp_path / "live")
     r = run(tiny_train_args(tiny_data, out, "--max_iters=10", "--eval_interval=10", "--split_join={'train_id': 100}"))
     assert r.returncode == 0, r.stderr
     r = run(tiny_train_args(tiny_data, out, "--max_iters=20", "--eval_interval=10", "--init_from=resume",
                             "--split_join={}"))  # {} = in the mix since iteration 0, which the checkpoint was not
     assert r.returncode == 2 and "only joins at or after iteration 10 may change" in r.stderr, r.stderr
+    # a rule that holds at iteration 10 but not at 0: the batches before a join do not depend on it
+    loss = [json.loads(line)["loss/train_atom"] for line in open(f"{out}/metrics.jsonl")]
+    assert loss[1] < loss[0], loss
+    rule = f"{{'train_id': 'loss/train_atom<={(loss[0] + loss[1]) / 2}'}}"
+    assert join_iteration([{"iter": 0, "loss/train_atom": loss[0]}, {"iter": 10, "loss/train_atom": loss[1]}],
+                          eval(rule)["train_id"]) == 10
     r = run(tiny_train_args(tiny_data, out, "--max_iters=20", "--eval_interval=10", "--init_from=resume",
-                            "--split_join={'train_id': 12}"))  # not acted yet at iteration 10: may move
-    assert r.returncode == 0, r.stderr
+                            f"--split_join={rule}"))  # fired at 10 = the resume point: not acted yet, may be set
+    assert r.returncode == 0 and "train_id joins the mix at iteration 10" in r.stdout, r.stderr
+    r = run(tiny_train_args(tiny_data, live, "--max_iters=20", "--eval_interval=10", f"--split_join={rule}"))
+    assert r.returncode == 0 and "train_id joins the mix at iteration 10" in r.stdout, r.stderr
+    rows = [[json.loads(line) for line in open(f"{d}/metrics.jsonl")] for d in (out, live)]
+    drop = ("time", "cpu_time", "tok_per_s", "tflops")
+    assert [{k: v for k, v in r.items() if k not in drop} for r in rows[0]] == \
+           [{k: v for k, v in r.items() if k not in drop} for r in rows[1]]  # resumed run == uninterrupted one
     r = run(tiny_train_args(tiny_data, out, "--max_iters=30", "--eval_interval=10", "--init_from=resume",
-                            "--split_join={'train_id': 15}"))  # acted at 12 already: refused in one line
+                            "--split_join={'train_id': 15}"))  # the rule acted at 10 already: refused in one line
     assert r.returncode == 2 and "only joins at or after iteration 20 may change" in r.stderr, r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
+    assert joins_acted(eval(rule), rows[0], 20) == joins_acted({"train_id": 10}, rows[0], 20) == {"train_id": 10}
+    for bad in ("acc/val_id>0.9", "acc/val_id>=x", "acc/val_id>=nan"):
+        with pytest.raises(ValueError, match="allowed 'metric>=number'"):
+            parse_join_rule(bad)
+    r = run(tiny_train_args(tiny_data, live, "--overwrite=True", "--split_join={'train_id': 'acc/test_id>=0.5'}"))
+    assert r.returncode == 2 and "a test split must not steer training" in r.stderr, r.stderr
