@@ -129,9 +129,10 @@ def test_stop_during_the_first_evaluation_claims_no_checkpoint(tiny_data, tmp_pa
 
 def test_second_interrupt_stops_at_once(tiny_data, tmp_path):
     out = str(tmp_path / "run")
-    p = start(tiny_train_args(tiny_data, out, "--max_iters=100000", "--eval_interval=1"), DISCOLOOP_TEST_SLOW_EVAL="2")
-    wait_for(os.path.join(out, "metrics.jsonl"), p)  # the first evaluation is written; one step, then the next
-    time.sleep(1.0)  # ... is under way (each split sleeps 2 s first): the signals land inside it, not in the step
+    p = start(tiny_train_args(tiny_data, out, "--max_iters=100000"), DISCOLOOP_TEST_SLOW_EVAL="2", PYTHONUNBUFFERED="1")
+    while "parameters" not in p.stdout.readline():  # started; the iteration-0 evaluation comes next
+        assert p.poll() is None, p.communicate()
+    time.sleep(1.0)  # ... and is under way (each split sleeps 2 s first): both signals land inside it
     p.send_signal(signal.SIGINT)
     time.sleep(0.2)
     p.send_signal(signal.SIGINT)
