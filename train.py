@@ -237,7 +237,7 @@ config["vocab_size"] = vocab_size
 # -----------------------------------------------------------------------------
 # model, optimizer, checkpoint
 model_fields = list(GPTConfig.__dataclass_fields__)
-ckpt_path = os.path.join(out_dir, "ckpt.pt")
+ckpt_path, metrics_path = os.path.join(out_dir, "ckpt.pt"), os.path.join(out_dir, "metrics.jsonl")
 iter_num, ckpt, elapsed, cpu_elapsed = 0, None, 0.0, 0.0
 if master:
     try:  # one run per out_dir; a second one stops here, naming the holder
@@ -247,6 +247,7 @@ if master:
 if init_from == "scratch" and not eval_only and not overwrite and os.path.exists(ckpt_path):
     die(f"out_dir '{out_dir}' already holds a checkpoint: continue it with --init_from=resume, "
         "or start over with --overwrite=True (replaces ckpt.pt and metrics.jsonl)")
+rows = read_metrics(metrics_path) if init_from == "resume" or eval_only else []  # the run so far (trimmed below)
 if init_from == "resume" or eval_only:  # eval_only evaluates the checkpoint in out_dir
     try:
         ckpt = load_checkpoint(ckpt_path, required=RESUME_KEYS)
@@ -257,8 +258,7 @@ if init_from == "resume" or eval_only:  # eval_only evaluates the checkpoint in 
         or config_mismatch(ckpt.get("data_config", {}), data_config, list(data_config))
     # a curriculum may be changed where it has not acted yet: every join at or after the resume point
     saved_join = ckpt["config"].get("split_join", {})
-    past_rows = read_metrics(os.path.join(out_dir, "metrics.jsonl"))  # where the checkpoint's rules fired
-    was, now = (joins_acted(j, past_rows, ckpt["iter_num"]) for j in (saved_join, split_join))
+    was, now = (joins_acted(j, rows, ckpt["iter_num"]) for j in (saved_join, split_join))  # rows: where rules fired
     if not why and any(was.get(s, 0) != now.get(s, 0) for s in set(was) | set(now)):  # not listed: in from 0
         why = (f"split_join: the checkpoint (iteration {ckpt['iter_num']}) was trained with {saved_join!r}, "
                f"now {split_join!r}; only joins at or after iteration {ckpt['iter_num']} may change")
@@ -397,8 +397,6 @@ def checkpoint_obj():
 
 
 # metrics.jsonl: on resume drop entries written after the checkpoint, so the file reads as one run
-metrics_path = os.path.join(out_dir, "metrics.jsonl")
-rows = read_metrics(metrics_path) if init_from == "resume" or eval_only else []
 if master and not eval_only:  # eval_only changes no file but the row it appends
     if init_from == "scratch" and os.path.exists(metrics_path):
         os.remove(metrics_path)  # only reached with overwrite=True (or no checkpoint yet)

@@ -247,7 +247,6 @@ def test_split_join_resume_may_move_only_future_joins(tiny_data, tmp_path):
     """Integer joins and rule joins ('metric>=x': the split joins at the first evaluation where it held)
     are one decision whether the run was interrupted or not, and a resume may change only what has not
     acted yet."""
-    import json
     from checkpoint import join_iteration, joins_acted, parse_join_rule
     out, live = str(tmp_path / "run"), str(tmp_path / "live")
     r = run(tiny_train_args(tiny_data, out, "--max_iters=10", "--eval_interval=10", "--split_join={'train_id': 100}"))
@@ -255,6 +254,9 @@ def test_split_join_resume_may_move_only_future_joins(tiny_data, tmp_path):
     r = run(tiny_train_args(tiny_data, out, "--max_iters=20", "--eval_interval=10", "--init_from=resume",
                             "--split_join={}"))  # {} = in the mix since iteration 0, which the checkpoint was not
     assert r.returncode == 2 and "only joins at or after iteration 10 may change" in r.stderr, r.stderr
+    r = run(tiny_train_args(tiny_data, out, "--max_iters=10", "--init_from=resume",
+                            "--split_join={'train_id': 12}"))  # not acted yet at iteration 10: may move (nothing to train)
+    assert r.returncode == 0, r.stderr
     # a rule that holds at iteration 10 but not at 0: the batches before a join do not depend on it
     loss = [json.loads(line)["loss/train_atom"] for line in open(f"{out}/metrics.jsonl")]
     assert loss[1] < loss[0], loss
