@@ -47,6 +47,8 @@ class GPTConfig:
                                # 0..pos_shift, so rows past the longest training example are trained too
                                # (hop extrapolation; cf. randomized positions, Ruoss et al. 2023); eval starts at 0
     sandwich_norm: bool = False  # Ouro-style: also norm each sublayer's output before the residual add
+    scaled_init: bool = True   # GPT-2: residual projections c_proj ~ N(0, 0.02/sqrt(2 n_layer K)); False = Ouro's
+                               # N(0, 0.02) for every Linear (with sandwich_norm, c_proj's scale is normed away)
     per_loop_norm: bool = False  # Ouro: ln_f after every loop, and the normed state feeds the next loop
     ponder_scale_embeds: bool = False     # PonderLM's scale_embeds: the input embedding times sqrt(d)
     ponder_multiply_steps: bool = False   # PonderLM's mutiply_pondering_steps: the input embedding times K-1
@@ -334,7 +336,7 @@ class GPT(nn.Module):
         # GPT-2 scaled init of the residual projections, by the depth one forward pass goes through
         depth = config.n_layer * config.n_loop
         for pn, p in self.named_parameters():
-            if pn.endswith("c_proj.weight"):
+            if pn.endswith("c_proj.weight") and config.scaled_init:
                 nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * depth))
 
     def _init_weights(self, module):
@@ -446,9 +448,12 @@ class GPT(nn.Module):
             raise ValueError(f"n_loop={K} is invalid: allowed 1.."
                              f"{cfg.n_loop if cfg.recurrence == 'none' else 'any'} for recurrence={cfg.recurrence}")
         x = self.transformer.wte(idx)  # (B, T, d)
-        if cfg.recurrence == "ponder":  # the reference's embedding scalings (hzby/PonderingLM)
-            if cfg.ponder_scale_embeds:
-                x = x * math.sqrt(cfg.n_embd)
+        # PonderLM's scalings (hzby/PonderingLM): scale_embeds multiplies W by sqrt(d) for BOTH of its uses,
+        # the input embedding and the pondering increment probs @ (W sqrt(d)); multiply_steps multiplies the
+        # input by the TRAINED number of pondering steps (K-1), also when n_loop reads the head earlier/later
+        emb_scale = math.sqrt(cfg.n_embd) if cfg.recurrence == "ponder" and cfg.ponder_scale_embeds else 1.0
+        if cfg.recurrence == "ponder":
+            x = x * emb_scale
             if cfg.ponder_multiply_steps:
                 x = x * max(1, cfg.n_loop - 1)
         pos = None
@@ -469,7 +474,7 @@ class GPT(nn.Module):
                 h = self.f_theta(x + pos if pos is not None else x)
                 if cfg.per_loop_norm:
                     h = self.transformer.ln_f(h)
-                x_next = h if last else x + self.phi(h)
+                x_next = h if last else x + emb_scale * self.phi(h)
             else:
                 if pos is not None and cfg.pos_every_loop and k > 1:
                     x = x + pos

@@ -71,6 +71,7 @@ rope_theta = 10000.0         # RoPE base
 pos_every_loop = False       # learned positions: add them before every loop, not only once
 pos_shift = 0                # learned positions, training only: start each sequence at a random position 0..pos_shift (hop extrapolation)
 sandwich_norm = False        # Ouro-style: also normalize each sublayer's output
+scaled_init = True           # GPT-2's c_proj init 0.02/sqrt(2 n_layer K); False = Ouro's N(0, 0.02) for every Linear
 per_loop_norm = False        # Ouro: ln_f after every loop; the normed state feeds the next loop (pretraining: True)
 ponder_scale_embeds = False  # PonderLM (hzby/PonderingLM scale_embeds): input embedding times sqrt(d)
 ponder_multiply_steps = False  # PonderLM (mutiply_pondering_steps): input embedding times K-1 pondering steps

@@ -23,6 +23,7 @@ bias = False
 pos_emb = "rope"
 rope_theta = 1e6
 sandwich_norm = True
+scaled_init = False                  # Ouro's N(0, 0.02) for every Linear (README: fidelity table)
 per_loop_norm = True                 # Ouro's forward: ln_f after every loop, the normed state feeds the next
 dropout = 0.0
 recurrence = "ponder"

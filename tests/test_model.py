@@ -50,13 +50,14 @@ def reference(model, idx, K):
 
     x = W[idx]
     if cfg.recurrence == "ponder":
-        e = x * (cfg.n_embd ** 0.5 if cfg.ponder_scale_embeds else 1) * (K - 1 if cfg.ponder_multiply_steps else 1)
+        scale = cfg.n_embd ** 0.5 if cfg.ponder_scale_embeds else 1  # on W in both uses (hzby/PonderingLM)
+        e = x * scale * (cfg.n_loop - 1 if cfg.ponder_multiply_steps else 1)
         for k in range(K):
             h = f(e + pos)
             if cfg.per_loop_norm:
                 h = rmsnorm(h, tr.ln_f.weight)
             if k < K - 1:
-                e = e + phi(h)
+                e = e + scale * phi(h)
         return head(h)
     x = x + pos
     for k in range(K):
