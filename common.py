@@ -15,11 +15,11 @@ import time
 import torch
 import torch.nn.functional as F
 
+from datafolder import DataError  # noqa: F401  (re-exported: every script imports it from here)
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-class DataError(ValueError):
-    """A dataset folder that cannot be used as it is (missing, damaged, inconsistent): one line."""
 
 
 def table(header, rows):

@@ -14,6 +14,8 @@ import difflib
 import os
 import sys
 
+from datafolder import DataError
+
 
 class ConfigError(ValueError):
     pass
@@ -73,7 +75,7 @@ def cli(fn, defaults, argv, doc="", source=None):
     try:
         c = configure(defaults, argv, doc, source)
         return c, fn(c)
-    except ConfigError as e:
+    except (ConfigError, DataError) as e:
         die(e)
 
 

@@ -10,7 +10,6 @@ writes JSON. The model is registered with the harness as "discoloop"; the harnes
 import third-party modules, so `python eval_harness.py lm_eval ...` runs it with this one registered.
 The tokenizer is the tiktoken encoding recorded in the checkpoint's dataset config.
 """
-import importlib.util
 import json
 import os
 import sys
@@ -25,6 +24,7 @@ from tqdm import tqdm
 from common import autocast, resolve_device, resolve_dtype, table
 from checkpoint import CheckpointError, load_checkpoint, model_from_checkpoint
 from configurator import ConfigError, configure, die
+from datafolder import load_prepare
 
 REPO = os.path.dirname(os.path.abspath(__file__))
 TABLE2 = ["arc_challenge", "arc_easy", "hellaswag", "lambada_openai", "piqa", "race", "sciq"]
@@ -32,9 +32,7 @@ TABLE2 = ["arc_challenge", "arc_easy", "hellaswag", "lambada_openai", "piqa", "r
 
 def encoding_for(ckpt):
     """The tiktoken Encoding the checkpoint's shards were made with (data/pretrain/prepare.py)."""
-    spec = importlib.util.spec_from_file_location("prep_pt", os.path.join(REPO, "data", "pretrain", "prepare.py"))
-    prep = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(prep)
+    prep = load_prepare("pretrain")
     data_config = ckpt.get("data_config", {})
     if "encoding" not in data_config:
         raise CheckpointError("checkpoint was not trained on token shards (no tokenizer recorded): "

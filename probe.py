@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from checkpoint import CheckpointError, config_mismatch, early_stop_row, load_checkpoint, model_from_checkpoint, read_metrics
 from configurator import ConfigError, configure, die
 from common import DataError, autocast, resolve_dtype, setup, table
+from datafolder import kind_of, read_meta
 from tasks import QAData, accuracy
 
 BRIDGE_POS = 1
@@ -29,11 +30,11 @@ NORMS = ("rms", "unit", "none")
 
 def load(ckpt_path, data_dir=None, raw=False):
     ckpt = load_checkpoint(ckpt_path)
-    if ckpt.get("config", {}).get("dataset") == "pretrain":
-        raise CheckpointError(f"'{ckpt_path}' was trained on token shards: probe.py probes question-answer "
-                              "checkpoints (symbolic, nl); evaluate a pretraining run with eval_harness.py")
-    model = model_from_checkpoint(ckpt, use_ema=not raw).eval()
     data_dir = data_dir or ckpt["config"]["data_dir"]
+    if kind_of(read_meta(data_dir)) != "qa":  # the folder says what it is
+        raise CheckpointError(f"'{ckpt_path}' was trained on token shards ('{data_dir}'): probe.py probes "
+                              "question-answer checkpoints (symbolic, nl); evaluate a pretraining run with eval_harness.py")
+    model = model_from_checkpoint(ckpt, use_ema=not raw).eval()
     data = QAData(data_dir)
     why = config_mismatch(ckpt.get("data_config", {}), data.meta["config"], list(data.meta["config"]))
     if why or data.vocab_size > ckpt["model_args"]["vocab_size"]:

@@ -1,32 +1,56 @@
 """
-Question-answer datasets (symbolic and natural-language two-hop): loading a prepared folder,
-training batches in a resumable order, and exact-match accuracy with Stage-1 read-out.
+Question-answer datasets (symbolic and natural-language two-hop): the folder format (written by
+write_qa, read by QAData), training batches in a resumable order, and exact-match accuracy with
+Stage-1 read-out.
 
-A prepared folder has meta.json ({"vocab": [...], "splits": {name: {"file", "graph", "hops",
-"train"}}, "config": {...}}) and one text file per split, one example per line, tokens separated by
-spaces. The answer is the last token, or everything after a tab when the line has one (multi-token
-answers). Loss and accuracy cover only the answer tokens.
+A prepared folder has meta.json ({"kind": "qa", "generator": "symbolic" | "nl", "vocab": [...],
+"splits": {name: {"file", "graph", "hops", "train"}}, "checksums": {file: {"lines", "sha256"}},
+"config": {...}}) and one text file per split, one example per line, tokens separated by spaces. The
+answer is the last token, or everything after a tab when the line has one (multi-token answers).
+Loss and accuracy cover only the answer tokens.
 """
 import contextlib
 import hashlib
 import json
 import os
+import shutil
 
 import numpy as np
 import torch
 
 from common import DataError
+from datafolder import kind_of, read_meta
+
+
+def write_qa(out_dir, files, meta, generator):
+    """Write files {name: text} and meta.json into a temp folder, then rename it into place, so an
+    interrupted run never leaves a folder that looks complete. The caller has checked (datafolder.
+    check_ours, under prepare_lock) that out_dir is absent or its own to replace."""
+    tmp = f"{out_dir.rstrip('/')}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    # example count and checksum of every file: loading verifies them (a cut file is never read as data)
+    meta = {"kind": "qa", "generator": generator, **meta,
+            "checksums": {name: {"lines": text.count("\n"), "sha256": hashlib.sha256(text.encode()).hexdigest()}
+                          for name, text in files.items()}}
+    for name, text in files.items():
+        with open(os.path.join(tmp, name), "w") as f:
+            f.write(text)
+    with open(os.path.join(tmp, "meta.json"), "w") as f:
+        json.dump(meta, f, indent=1)
+    if os.path.exists(out_dir):
+        shutil.rmtree(out_dir)
+    os.replace(tmp, out_dir)
 
 
 def load_meta(data_dir):
-    path = os.path.join(data_dir, "meta.json")
-    if not os.path.isfile(path):
-        raise DataError(f"no prepared dataset at '{data_dir}' (missing meta.json)")
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except json.JSONDecodeError as e:
-        raise DataError(f"'{path}' is not valid JSON ({e.msg} at line {e.lineno})") from None
+    """meta.json of a question-answer folder, checked to be one."""
+    meta = read_meta(data_dir)
+    if kind_of(meta) != "qa":
+        raise DataError(f"'{data_dir}' holds {kind_of(meta)!r} data, not question-answer splits")
+    if not isinstance(meta.get("splits"), dict) or not meta["splits"] or not isinstance(meta.get("vocab"), list):
+        raise DataError(f"'{data_dir}/meta.json' lists no splits or no vocabulary: prepare the folder again")
+    return meta
 
 
 def read_verified(path, expected):

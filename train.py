@@ -26,6 +26,7 @@ from torch.distributed import destroy_process_group, init_process_group
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from common import DTYPES, DataError, autocast, resolve_device, resolve_dtype
+from datafolder import kind_of, load_prepare, read_meta
 from checkpoint import (RESUME_KEYS, CheckpointError, append_metrics, config_mismatch, early_stop_row, join_iteration,
                         joins_acted, load_checkpoint, lock_run_folder, parse_join_rule, read_metrics, save_checkpoint,
                         strip_compile_prefix)
@@ -48,7 +49,7 @@ wandb_log = False            # also log metrics to wandb
 wandb_project = "discoloop"  # wandb project name
 wandb_run_name = "run"       # wandb run name
 # data
-dataset = "symbolic"         # 'symbolic' | 'nl' | 'pretrain'
+dataset = "symbolic"         # the generator, data/<dataset>/prepare.py: 'symbolic' | 'nl' | 'pretrain'
 data_dir = "data/symbolic/out"  # prepared dataset folder (generated on first use for symbolic/nl)
 data_args = {}               # arguments of data/<dataset>/prepare.py's prepare(), e.g. {"eval_hops": 4}
 batch_size = 512             # per process and micro-step
@@ -200,21 +201,25 @@ if threads:
 # data
 data_dir = os.path.abspath(data_dir)
 try:
-    import importlib.util
-    prep_path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", dataset, "prepare.py")
-    spec = importlib.util.spec_from_file_location(f"prepare_{dataset}", prep_path)
-    prep = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(prep)
-    # prepare on first use: QA data always (a no-op with a config check when it exists); a pretraining
-    # corpus only when data_args says how, since the full one is a 20B-token job of its own
-    if master and (dataset != "pretrain" or (data_args and not os.path.exists(os.path.join(data_dir, "meta.json")))):
+    prep = load_prepare(dataset)
+    # prepare on first use, where the prepare script says it is cheap (QA folders: a no-op when this generator
+    # made the folder with this config); a token corpus only when data_args says how (a big job of its own)
+    if master and (prep.ON_FIRST_USE or (data_args and not os.path.exists(os.path.join(data_dir, "meta.json")))):
         prep.prepare(merge(prep.DEFAULTS, {**data_args, "out_dir": data_dir}, "data_args"))
     if ddp:
         torch.distributed.barrier()
-    # one interface for both kinds: vocab_size, config, seq_len, steps_per_epoch, get_batch, evaluate, metric_names
-    if dataset == "pretrain" and split_join:
-        die(f"split_join={split_join!r} is for QA datasets; a token corpus has no splits to join: use {{}}")
-    data = TokenData(data_dir, block_size, eval_iters, seed) if dataset == "pretrain" else QAData(data_dir, block_size, {s: None if isinstance(j, str) else j for s, j in split_join.items()})
+    meta = read_meta(data_dir)
+    if meta.get("generator", dataset) != dataset:
+        raise DataError(f"data_dir={data_dir!r} holds data made by data/{meta['generator']}/prepare.py, "
+                        f"not dataset={dataset!r}")
+    # the folder says what it is: one interface for both kinds (vocab_size, config, seq_len, steps_per_epoch,
+    # get_batch, evaluate, metric_names)
+    if kind_of(meta) == "tokens":
+        if split_join:
+            die(f"split_join={split_join!r} is for QA datasets; a token corpus has no splits to join: use {{}}")
+        data = TokenData(data_dir, block_size, eval_iters, seed)
+    else:
+        data = QAData(data_dir, block_size, {s: None if isinstance(j, str) else j for s, j in split_join.items()})
 except (DataError, ConfigError) as e:
     die(e)
 data_vocab, data_config = data.vocab_size, data.config

@@ -19,7 +19,6 @@ Offline: tiktoken.get_encoding("gpt2") downloads its ranks; --tiktoken_file read
 file from disk instead (README says where to get it). Split files hold question tokens, a tab,
 then the answer tokens (a name may span several BPE tokens; loss and exact match cover all).
 """
-import importlib.util
 import json
 import os
 import sys
@@ -29,18 +28,13 @@ import numpy as np
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, REPO)
 from configurator import ConfigError, cli  # noqa: E402
+from datafolder import check_ours, load_prepare, prepare_lock  # noqa: E402
+from tasks import write_qa  # noqa: E402
 
+sym = load_prepare("symbolic")  # the graph code, reused
+tok = load_prepare("pretrain")  # tiktoken loading, reused
 
-def _load(name, path):
-    spec = importlib.util.spec_from_file_location(name, os.path.join(REPO, path))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-sym = _load("prepare_symbolic", "data/symbolic/prepare.py")  # the graph code, reused
-tok = _load("prepare_pretrain", "data/pretrain/prepare.py")    # tiktoken loading, reused
-
+ON_FIRST_USE = True  # train.py prepares this folder when it starts (a few seconds)
 DEFAULTS = {**sym.DEFAULTS,
             "out_dir": os.path.join(REPO, "data", "nl", "direct"),  # folder to write
             "format": "direct",      # 'direct' ("a's r1's r2 is") or 'reverse' ("the r2 of the r1 of a is")
@@ -154,15 +148,13 @@ def build(c, enc):
 
 def prepare(c, enc=None):
     out_dir = c["out_dir"]
-    if os.path.exists(out_dir):
-        why = sym.existing_config_mismatch(out_dir, c, GENERATOR_KEYS)
-        if why:
-            raise ConfigError(why + " (delete it or choose another out_dir)")
-        if sym.is_current(out_dir, GENERATOR_KEYS):
+    sym.check_config(c)
+    with prepare_lock(out_dir):
+        if check_ours(out_dir, "qa", "nl", c, GENERATOR_KEYS, added=sym.ADDED_KEYS) == "same":
             return out_dir
-    enc = enc or tok.get_encoding({**tok.DEFAULTS, "encoding": c["encoding"], "tiktoken_file": c["tiktoken_file"]})
-    files, meta = build(c, enc)
-    sym.write_dataset(out_dir, files, meta)
+        enc = enc or tok.get_encoding({**tok.DEFAULTS, "encoding": c["encoding"], "tiktoken_file": c["tiktoken_file"]})
+        files, meta = build(c, enc)
+        write_qa(out_dir, files, meta, "nl")
     return out_dir
 
 

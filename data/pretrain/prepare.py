@@ -23,9 +23,12 @@ import numpy as np
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, REPO)
+from common import DataError  # noqa: E402
 from configurator import ConfigError, cli  # noqa: E402
+from datafolder import check_ours, prepare_lock  # noqa: E402
 
 HUB_SOURCES = "hf:HuggingFaceFW/fineweb-edu:sample-100BT,hf:HuggingFaceTB/finemath:finemath-4plus"
+ON_FIRST_USE = False  # a corpus is a job of its own: train.py prepares one only when data_args say how
 DEFAULTS = dict(
     out_dir=os.path.join(REPO, "data", "pretrain", "shards"),  # folder of token shards + meta.json
     data_files=HUB_SOURCES,    # comma list of sources: hf:NAME:CONFIG, .parquet/.jsonl files, or synthetic:web|math
@@ -195,26 +198,50 @@ def write_atomic(path, array):
 
 def prepare(c, enc=None):
     """Write shards into c['out_dir'] and return the meta dict. Resumes from state.json."""
-    from tqdm import tqdm
     enc = enc or get_encoding(c)
-    dtype = np.uint16 if enc.n_vocab <= 2**16 else np.uint32
     out = c["out_dir"]
-    os.makedirs(out, exist_ok=True)
+    with prepare_lock(out):
+        return write_shards(c, enc, out)
+
+
+def read_state(out, generator):
+    """state.json of a folder this script is writing (shards so far), checked to be this config's; None
+    for a folder it may start in. A folder it did not make is refused, untouched (datafolder.check_ours)."""
+    state_path = os.path.join(out, "state.json")
+    if os.path.exists(os.path.join(out, "meta.json")) or not os.path.exists(state_path):
+        check_ours(out, "tokens", "pretrain", generator, list(generator))
+    if not os.path.exists(state_path):
+        return None
+    try:
+        with open(state_path) as f:
+            old = json.load(f)
+        have = old["config"]
+    except (OSError, ValueError, KeyError, TypeError):
+        raise DataError(f"'{state_path}' is damaged (not the state of an unfinished prepare): delete '{out}' "
+                        "to start over") from None
+    for k, v in generator.items():
+        if have.get(k) != v:
+            raise DataError(f"'{out}' holds shards made with {k}={have.get(k)!r}, not {v!r}: left untouched; "
+                            "delete it or choose another out_dir")
+    if old.get("pending") and not os.path.isfile(os.path.join(out, old["pending"])):
+        raise DataError(f"'{out}' lost its pending file '{old['pending']}' (tokens read but not yet in a shard): "
+                        f"the stream cannot continue exactly; delete '{out}' to start over")
+    return old
+
+
+def write_shards(c, enc, out):
+    dtype = np.uint16 if enc.n_vocab <= 2**16 else np.uint32
     state_path = os.path.join(out, "state.json")
     generator = {k: c[k] for k in GENERATOR_KEYS} | {"n_vocab": enc.n_vocab}
     n_src = len(c["data_files"].split(","))
-    state = {"config": generator, "consumed": [0] * n_src, "tokens": [0] * n_src, "shards": {"val": [], "train": []}}
-    if os.path.exists(state_path):
-        with open(state_path) as f:
-            old = json.load(f)
-        for k, v in generator.items():
-            if old["config"].get(k) != v:
-                raise ConfigError(f"{out} holds shards made with {k}={old['config'].get(k)!r}, not {v!r}")
-        state = old
+    state = read_state(out, generator) or {"config": generator, "consumed": [0] * n_src, "tokens": [0] * n_src,
+                                           "shards": {"val": [], "train": []}}
+    os.makedirs(out, exist_ok=True)
     iters, weights = open_sources(c, state["consumed"])
     consumed, tokens = list(state["consumed"]), np.array(state["tokens"], dtype=np.float64)
     written = sum(n for split in state["shards"].values() for _, n in split)
     budget = c["max_tokens"] + c["val_tokens"]
+    from tqdm import tqdm
     bar = tqdm(total=budget, initial=written, unit="tok", unit_scale=True, disable=None)
     buf, alive = np.zeros(0, dtype=dtype), [True] * n_src
     if state.get("pending"):
@@ -290,7 +317,7 @@ def prepare(c, enc=None):
     if not state["shards"]["train"]:
         raise ConfigError(f"the corpus gave only {written} tokens, not more than val_tokens={c['val_tokens']}: "
                           "no training shard (lower val_tokens or add data)")
-    meta = {"dtype": np.dtype(dtype).name, "vocab_size": enc.n_vocab, "eot": enc.eot_token, "encoding": enc.name,
+    meta = {"kind": "tokens", "generator": "pretrain", "dtype": np.dtype(dtype).name, "vocab_size": enc.n_vocab, "eot": enc.eot_token, "encoding": enc.name,
             "shards": state["shards"], "source_tokens": tokens.tolist(), "config": generator}
     with open(os.path.join(out, "meta.json.tmp"), "w") as f:
         json.dump(meta, f, indent=1)

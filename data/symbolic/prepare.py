@@ -17,10 +17,8 @@ Output: OUT/meta.json (vocab, entities, relations, splits, config) and one text 
 one example per line, whitespace-separated tokens, answer last. Split names: train_atom,
 train_id, val_id, test_id, test_ood for 2 hops; k > 2 hops add the suffix _{k}hop (train_id_3hop, ...).
 """
-import hashlib
 import json
 import os
-import shutil
 import sys
 
 import numpy as np
@@ -28,7 +26,10 @@ import numpy as np
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, REPO)
 from configurator import ConfigError, cli  # noqa: E402
+from datafolder import check_ours, prepare_lock  # noqa: E402
+from tasks import write_qa  # noqa: E402
 
+ON_FIRST_USE = True  # train.py prepares this folder when it starts (a few seconds)
 DEFAULTS = dict(
     out_dir=os.path.join(REPO, "data", "symbolic", "out"),  # folder to write (meta.json + one file per split)
     seed=0,            # seed of both graphs and of the question sampling
@@ -42,6 +43,8 @@ DEFAULTS = dict(
     n_val=2000,        # graph-A validation questions per trained hop count, disjoint from train and test
 )
 GENERATOR_KEYS = [k for k in DEFAULTS if k != "out_dir"]  # what makes two datasets the same
+ADDED_KEYS = ("n_val",)  # keys added since: a folder without them is this generator's, prepared again (its other
+                         # splits come out byte-identical: generation is deterministic and new keys only add splits)
 
 
 def check_config(c):
@@ -143,62 +146,17 @@ def build(c):
     return splits, meta, graphs
 
 
-def write_dataset(out_dir, files, meta):
-    """Write files {name: text} and meta.json into a temp folder, then rename it into place, so
-    an interrupted run never leaves a folder that looks complete."""
-    tmp = f"{out_dir.rstrip('/')}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    os.makedirs(tmp)
-    # example count and checksum of every file: loading verifies them (a cut file is never read as data)
-    meta = {**meta, "checksums": {name: {"lines": text.count("\n"), "sha256": hashlib.sha256(text.encode()).hexdigest()}
-                                  for name, text in files.items()}}
-    for name, text in files.items():
-        with open(os.path.join(tmp, name), "w") as f:
-            f.write(text)
-    with open(os.path.join(tmp, "meta.json"), "w") as f:
-        json.dump(meta, f, indent=1)
-    if os.path.exists(out_dir):
-        shutil.rmtree(out_dir)
-    os.replace(tmp, out_dir)
-
-
-def existing_config_mismatch(out_dir, config, keys):
-    """None if out_dir holds a dataset made with `config`, else a one-line reason."""
-    path = os.path.join(out_dir, "meta.json")
-    if not os.path.isfile(path):
-        return f"{out_dir} exists but has no meta.json (not a prepared dataset)"
-    try:
-        with open(path) as f:
-            have = json.load(f).get("config", {})
-    except json.JSONDecodeError as e:
-        return f"{path} is not valid JSON ({e.msg} at line {e.lineno})"
-    for k in keys:
-        if k in have and have[k] != config[k]:  # a key added since (n_val) is not a mismatch: is_current
-            return f"{out_dir} was prepared with {k}={have.get(k)!r}, not {config[k]!r}"
-    return None
-
-
-def is_current(out_dir, keys):
-    """False for a folder written before meta.json recorded checksums, or before a generator key
-    existed (n_val): prepare it again. Generation is deterministic and new keys only add splits,
-    so the splits it already had come out byte-identical."""
-    with open(os.path.join(out_dir, "meta.json")) as f:
-        meta = json.load(f)
-    return "checksums" in meta and all(k in meta.get("config", {}) for k in keys)
-
-
-def prepare(c, force=False):
-    """Prepare the dataset described by config dict c into c['out_dir'] (no-op if it is there)."""
+def prepare(c):
+    """Prepare the dataset described by config dict c into c['out_dir'] (a no-op if this generator made it
+    with this config; a folder it cannot prove it made is refused in one line and left untouched)."""
     out_dir = c["out_dir"]
-    if os.path.exists(out_dir) and not force:
-        why = existing_config_mismatch(out_dir, c, GENERATOR_KEYS)
-        if why:
-            raise ConfigError(why + " (delete it or choose another out_dir)")
-        if is_current(out_dir, GENERATOR_KEYS):
+    check_config(c)
+    with prepare_lock(out_dir):
+        if check_ours(out_dir, "qa", "symbolic", c, GENERATOR_KEYS, added=ADDED_KEYS) == "same":
             return out_dir
-    splits, meta, _ = build(c)
-    files = {f"{s}.txt": "".join(" ".join(ex) + "\n" for ex in exs) for s, exs in splits.items()}
-    write_dataset(out_dir, files, meta)
+        splits, meta, _ = build(c)
+        files = {f"{s}.txt": "".join(" ".join(ex) + "\n" for ex in exs) for s, exs in splits.items()}
+        write_qa(out_dir, files, meta, "symbolic")
     return out_dir
 
 

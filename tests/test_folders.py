@@ -1,0 +1,115 @@
+"""A data folder says what it is (meta.json: kind, generator, config), and a script deletes or rewrites only
+a folder it can prove it made: anything else is one line, exit 2, and every file stays as it was."""
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO, TINY_DATA, run, tiny_train_args
+
+TOKENS = ["--data_files=synthetic:web", "--weights=1", "--encoding=bytes", "--max_tokens=6000",
+          "--val_tokens=1000", "--shard_tokens=2000", "--num_proc=1"]
+
+
+def snapshot(folder):
+    """{relative path: sha256} of every file under folder."""
+    out = {}
+    for root, _, files in os.walk(folder):
+        for name in files:
+            path = os.path.join(root, name)
+            with open(path, "rb") as f:
+                out[os.path.relpath(path, folder)] = hashlib.sha256(f.read()).hexdigest()
+    return out
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("tok") / "shards")
+    r = run(["data/pretrain/prepare.py", f"--out_dir={out}"] + TOKENS)
+    assert r.returncode == 0, r.stderr
+    return out
+
+
+def refused(r, *words):
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and lines[0].startswith("error:"), r.stderr[-2000:]
+    for w in words:
+        assert w in lines[0], lines[0]
+
+
+def test_meta_names_kind_and_generator(tiny_data, shards):
+    for folder, kind, gen in ((tiny_data, "qa", "symbolic"), (shards, "tokens", "pretrain")):
+        with open(os.path.join(folder, "meta.json")) as f:
+            meta = json.load(f)
+        assert (meta["kind"], meta["generator"]) == (kind, gen)
+
+
+def test_qa_prepare_and_train_leave_a_token_folder_alone(shards, tmp_path):
+    before = snapshot(shards)
+    refused(run(["data/symbolic/prepare.py", f"--out_dir={shards}"] + TINY_DATA), "'tokens'", "left untouched")
+    refused(run(tiny_train_args(shards, str(tmp_path / "run"), "--max_iters=1")), "left untouched")
+    assert snapshot(shards) == before
+
+
+def test_other_generators_leave_a_symbolic_folder_alone(tiny_data, tmp_path):
+    copy = str(tmp_path / "sym")
+    shutil.copytree(tiny_data, copy)
+    before = snapshot(copy)
+    # nl refuses before it needs its tokenizer; pretrain refuses before writing a shard or meta.json
+    refused(run(["data/nl/prepare.py", f"--out_dir={copy}"] + TINY_DATA), "data/nl/prepare.py", "left untouched")
+    refused(run(["data/pretrain/prepare.py", f"--out_dir={copy}"] + TOKENS), "'qa'", "left untouched")
+    assert snapshot(copy) == before
+
+
+def test_folders_from_before_kind_are_recognized_by_their_keys(tiny_data, tmp_path):
+    """A symbolic folder written before meta.json named kind/generator: nl refuses it (its keys are not
+    nl's), symbolic recognizes it as its own and rewrites it with the same splits."""
+    copy = str(tmp_path / "old")
+    shutil.copytree(tiny_data, copy)
+    path = os.path.join(copy, "meta.json")
+    with open(path) as f:
+        meta = json.load(f)
+    del meta["kind"], meta["generator"]
+    with open(path, "w") as f:
+        json.dump(meta, f)
+    refused(run(["data/nl/prepare.py", f"--out_dir={copy}"] + TINY_DATA), "left untouched")
+    splits = {k: v for k, v in snapshot(copy).items() if k != "meta.json"}
+    r = run(["data/symbolic/prepare.py", f"--out_dir={copy}"] + TINY_DATA)
+    assert r.returncode == 0, r.stderr
+    assert {k: v for k, v in snapshot(copy).items() if k != "meta.json"} == splits
+    with open(path) as f:
+        assert json.load(f)["generator"] == "symbolic"
+
+
+def test_a_folder_that_is_not_a_dataset_is_left_alone(tmp_path):
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    (folder / "notes.txt").write_text("my work")
+    refused(run(["data/symbolic/prepare.py", f"--out_dir={folder}"] + TINY_DATA), "no meta.json", "left untouched")
+    refused(run(["data/pretrain/prepare.py", f"--out_dir={folder}"] + TOKENS), "no meta.json")
+    assert os.listdir(folder) == ["notes.txt"] and (folder / "notes.txt").read_text() == "my work"
+
+
+def test_symbolic_config_on_an_nl_folder_is_refused(tiny_data, tmp_path):
+    """dataset='nl' with a symbolic folder: the folder's generator decides, not the config's name."""
+    copy = str(tmp_path / "sym")
+    shutil.copytree(tiny_data, copy)
+    args = tiny_train_args(copy, str(tmp_path / "run"), "--max_iters=1", "--dataset=nl")
+    refused(run(args), "left untouched")
+
+
+def test_two_prepares_of_one_folder_take_turns(tmp_path):
+    out = str(tmp_path / "shared")
+    cmd = [sys.executable, "data/symbolic/prepare.py", f"--out_dir={out}"] + TINY_DATA
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    procs = [subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(3)]
+    results = [p.communicate(timeout=300) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [e for _, e in results]
+    from tasks import QAData
+    assert QAData(out).vocab_size > 0  # complete and verified (checksums)
+    assert not [n for n in os.listdir(tmp_path) if ".tmp-" in n]
