@@ -111,11 +111,12 @@ def main(argv):
         bad = [v for v in names if v not in VARIANTS]
         if bad or "loop" not in names:  # the vanilla loop is the reference row
             raise ConfigError(f"variants={c['variants']!r} is invalid: a comma list of {list(VARIANTS)} including loop")
-    except ConfigError as e:
-        die(e)
-    try:
+        for rec, k in {(VARIANTS[v][0], c["disco_topk"] if VARIANTS[v][1] else 0) for v in names}:
+            GPTConfig(block_size=c["block_size"], vocab_size=c["vocab_size"], n_layer=c["n_layer"], n_head=c["n_head"],
+                      n_embd=c["n_embd"], n_hidden=c["n_hidden"], recurrence=rec, n_loop=c["n_loop"],
+                      disco_topk=k, disco_chunk=c["disco_chunk"])  # the model keys' one validator, before any work
         device = setup(c["device"], c["threads"])
-    except ValueError as e:
+    except (ConfigError, ValueError) as e:
         die(e)
     dtype = resolve_dtype(c["dtype"], device)  # common.py: fp32 on a CPU where bf16 is slower
     ptdtype = DTYPES[dtype]
@@ -208,6 +209,8 @@ def plan_main(argv):
     train_py = os.path.join(os.path.dirname(os.path.abspath(__file__)), "train.py")
     defaults = {k: v for k, (v, _) in script_defaults(train_py).items()}
     try:
+        if not any(a.endswith(".py") for a in argv if not a.startswith("--")) and not {"-h", "--help"} & set(argv):
+            raise ConfigError("bench.py plan needs a training config file, e.g. bench.py plan config/pretrain.py")
         extra = {"world_size": 8}  # GPUs (ranks) the run is planned for
         c = configure({**defaults, **extra}, argv, plan_main.__doc__, [__file__, train_py])
         if c["world_size"] < 1 or c["gradient_accumulation_steps"] % c["world_size"]:

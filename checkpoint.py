@@ -11,11 +11,12 @@ import glob
 import json
 import math
 import os
-import re
 import sys
+import zlib
 
 import torch
 
+from configurator import parse_join_rule
 from model import GPT, GPTConfig
 
 
@@ -23,10 +24,30 @@ class CheckpointError(ValueError):
     pass
 
 
+def content_crc(obj, crc=0):
+    """CRC-32 of a checkpoint's content: every tensor's dtype, shape and bytes, every plain value, in a
+    fixed order. Stored in the file, so flipped bytes inside tensor data (which torch.load reads without
+    complaint) are found at load time. zlib's CRC runs at GB/s: seconds for a 440M run's checkpoint."""
+    if isinstance(obj, torch.Tensor):
+        t = obj.detach().cpu().contiguous().reshape(-1)
+        crc = zlib.crc32(f"{t.dtype}{tuple(obj.shape)}".encode(), crc)
+        return zlib.crc32(t.view(torch.uint8).numpy(), crc) if t.numel() else crc
+    if isinstance(obj, dict):
+        for k in sorted(obj, key=str):
+            crc = content_crc(obj[k], zlib.crc32(repr(k).encode(), crc))
+        return crc
+    if isinstance(obj, (list, tuple)):
+        for v in obj:
+            crc = content_crc(v, crc)
+        return crc
+    return zlib.crc32(repr(obj).encode(), crc)
+
+
 def save_checkpoint(obj, path):
     """temp file + fsync + rename: a kill at any moment leaves either the old or the new file. A
     failed write (disk full) removes its temp file and raises a one-line CheckpointError."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    obj = {**obj, "crc32": content_crc(obj)}
     tmp = f"{path}.tmp-{os.getpid()}"
     try:
         with open(tmp, "wb") as f:
@@ -66,7 +87,35 @@ def load_checkpoint(path, map_location="cpu", required=("model", "model_args")):
     for key in required:
         if not isinstance(ckpt, dict) or key not in ckpt:
             raise CheckpointError(f"'{path}' is not a complete discoloop checkpoint (no '{key}' entry)")
+    if isinstance(ckpt, dict) and "crc32" in ckpt and content_crc({k: v for k, v in ckpt.items() if k != "crc32"}) != ckpt["crc32"]:
+        raise CheckpointError(f"'{path}' is damaged: its content does not match the checksum written with it "
+                              "(flipped or overwritten bytes); use another copy")
     return ckpt
+
+
+# The keys a resume may change: the budget, intervals, stopping, logging, and where and how fast it runs.
+# Everything else (model, data, optimizer, schedule, batch, seed, precision, EMA) is what the weights were
+# trained with: the checkpoint's config is the truth, and a resume that differs is refused, naming the key.
+# (split_join is listed: its own rule, joins_acted, lets only joins that have not acted yet move.)
+RESUMABLE = ("max_iters", "eval_interval", "log_interval", "eval_iters", "eval_batch_size", "eval_only", "init_from",
+             "overwrite", "stop_metric", "stop_patience", "split_join", "threads", "device", "compile", "memory_check",
+             "peak_flops", "wandb_log", "wandb_project", "wandb_run_name", "out_dir", "data_dir", "data_args")
+
+
+def resume_changes(saved, config, saved_dtype):
+    """({key: [checkpoint's, now]} for the keys this resume changes, None) or (None, a one-line reason it
+    may not). A key newer than the checkpoint is not compared (its default is the older behaviour);
+    dtype may be 'auto' or the precision the checkpoint was trained in."""
+    changed = {}
+    for k, now in config.items():
+        if (k not in saved or saved[k] == now or k in ("init_from", "overwrite", "eval_only")  # how it is invoked
+                or (k == "dtype" and now in ("auto", saved_dtype))):
+            continue
+        if k not in RESUMABLE:
+            return None, (f"{k}: the checkpoint was trained with {saved[k]!r}, now {now!r}; a resume may change "
+                          f"only {', '.join(RESUMABLE)}")
+        changed[k] = [saved[k], now]
+    return changed, None
 
 
 def lock_run_folder(out_dir):
@@ -85,7 +134,8 @@ def lock_run_folder(out_dir):
     os.ftruncate(fd, 0)
     os.pwrite(fd, str(os.getpid()).encode(), 0)
     for tmp in glob.glob(os.path.join(out_dir, "*.tmp-*")):
-        os.remove(tmp)
+        if os.path.isfile(tmp) or os.path.islink(tmp):  # our temp files; a folder of that name is not ours
+            os.remove(tmp)
     return fd  # keep it open: closing it releases the lock
 
 
@@ -95,14 +145,18 @@ def read_metrics(path):
     rows = []
     if not os.path.exists(path):
         return rows
-    with open(path) as f:
+    with open(path, encoding="utf-8", errors="replace") as f:
         for lineno, line in enumerate(f, 1):
             if not line.strip():
                 continue
             try:
-                rows.append(json.loads(line))
+                row = json.loads(line)
             except json.JSONDecodeError:
-                print(f"warning: {path}:{lineno} is a torn line, skipped", file=sys.stderr)
+                row = None
+            if not isinstance(row, dict) or type(row.get("iter")) is not int:  # torn, foreign or damaged
+                print(f"warning: {path}:{lineno} is a torn line or not a metrics row, skipped", file=sys.stderr)
+                continue
+            rows.append(row)
     return rows
 
 
@@ -131,22 +185,6 @@ def early_stop_row(rows, metric, patience):
             return i
         n += 1
     return None
-
-
-JOIN_RULE = re.compile(r"^\s*([\w/]+)\s*(>=|<=)\s*([-+.\w]+)\s*$")
-
-
-def parse_join_rule(rule):
-    """'acc/val_id>=0.9' -> ('acc/val_id', '>=', 0.9). A one-line ValueError for anything else."""
-    m = JOIN_RULE.match(rule)
-    try:
-        value = float(m.group(3)) if m else math.nan
-    except ValueError:
-        value = math.nan
-    if not m or not math.isfinite(value):
-        raise ValueError(f"split_join rule {rule!r} is invalid: allowed 'metric>=number' or 'metric<=number', "
-                         "e.g. 'acc/val_id>=0.9'")
-    return m.group(1), m.group(2), value
 
 
 def join_iteration(rows, rule):

@@ -76,6 +76,38 @@ def time_mlp(dtype, reps):
     return best
 
 
+def model_step_timer(model, x, y):
+    """A timer(dtype, reps) for pick_cpu_dtype: best-of-reps seconds of one forward + backward of the configured
+    `model` on (x, y) under CPU autocast to dtype, after one untimed call (a first call packs weights and builds
+    kernels: timing it made a cold bf16 lose to a warm fp32). The RNG state and gradients are put back, so
+    the run is the same whatever is timed; `timer.seconds` keeps every figure for config.json."""
+    seconds = {}
+
+    def step(dtype):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
+            _, loss = model(x, y)
+        loss.backward()
+
+    def timer(dtype, reps):
+        rng = torch.get_rng_state()
+        try:
+            step(dtype)
+            best = float("inf")
+            for _ in range(reps):
+                t = time.perf_counter()
+                step(dtype)
+                best = min(best, time.perf_counter() - t)
+        finally:
+            torch.set_rng_state(rng)
+            model.zero_grad(set_to_none=True)
+        name = str(dtype).removeprefix("torch.")
+        seconds[name] = min(seconds.get(name, best), best)
+        return best
+
+    timer.seconds = seconds
+    return timer
+
+
 def pick_cpu_dtype(has_flag, timer=time_mlp):
     """'bfloat16' only where it is measured to be >= 1.25x faster than fp32, else 'float32'."""
     if not has_flag:

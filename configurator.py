@@ -11,7 +11,9 @@ exit with status 2 via `die`.
 """
 import ast
 import difflib
+import math
 import os
+import re
 import sys
 
 from datafolder import DataError
@@ -46,6 +48,123 @@ def _check(key, value, defaults, source):
         raise ConfigError(f"{key}={value!r} in {source} has type {type(value).__name__}, "
                           f"expected {want.__name__} (default {defaults[key]!r})")
     return value
+
+
+def _num(lo=None, hi=None, lo_open=False, hi_open=False):
+    """A predicate for finite numbers in a range, and its text."""
+    def ok(v):
+        return (math.isfinite(v) and (lo is None or (v > lo if lo_open else v >= lo))
+                and (hi is None or (v < hi if hi_open else v <= hi)))
+    lo_s = "" if lo is None else f"{lo} {'<' if lo_open else '<='} "
+    hi_s = "" if hi is None else f" {'<' if hi_open else '<='} {hi}"
+    return ok, f"a finite number {lo_s}x{hi_s}".replace("number  x", "number x")
+
+
+def _one_of(*allowed):
+    return (lambda v: v in allowed), f"one of {allowed}"
+
+
+JOIN_RULE = re.compile(r"^\s*([\w/]+)\s*(>=|<=)\s*([-+.\w]+)\s*$")
+
+
+def parse_join_rule(rule):
+    """'acc/val_id>=0.9' -> ('acc/val_id', '>=', 0.9). A one-line ValueError for anything else."""
+    m = JOIN_RULE.match(rule)
+    try:
+        value = float(m.group(3)) if m else math.nan
+    except ValueError:
+        value = math.nan
+    if not m or not math.isfinite(value):
+        raise ConfigError(f"split_join rule {rule!r} is invalid: allowed 'metric>=number' or 'metric<=number', "
+                          "e.g. 'acc/val_id>=0.9'")
+    metric, op = m.group(1), m.group(2)
+    never = (metric.startswith("acc") and (value > 1 if op == ">=" else value < 0)) or \
+        (metric.startswith("loss") and op == "<=" and value < 0)
+    if never:  # accuracies lie in [0, 1], losses are >= 0: the split would silently never join
+        raise ConfigError(f"split_join rule {rule!r} can never hold ({metric} lies in "
+                          f"{'[0, 1]' if metric.startswith('acc') else '[0, inf)'})")
+    if "test" in metric:
+        raise ConfigError(f"split_join rule {rule!r}: a test split must not steer training; use a validation "
+                          "or training metric")
+    return metric, op, value
+
+
+def _split_join(v):
+    """{training split: iteration >= 0 or a rule}; a bad rule raises its own one-line ConfigError."""
+    for when in v.values():
+        if isinstance(when, str):
+            parse_join_rule(when)
+        elif not isinstance(when, int) or isinstance(when, bool) or when < 0:
+            return False
+    return isinstance(v, dict)
+
+
+
+def _stop_metric(v):  # the end point may be chosen by a validation split only (never train, never test)
+    return v == "" or v == "val_loss" or (v.count("/") == 1 and v.split("/")[0] in ("acc", "acc1", "loss")
+                                          and v.split("/")[1].startswith("val"))
+
+
+# The one validator of each non-model key, applied by configure() for every script that has the key
+# (train.py, bench.py, probe.py, eval_harness.py, the prepare scripts). Model keys are GPTConfig's to check.
+CHECKS = {
+    "dtype": _one_of("auto", "float32", "bfloat16", "float16"),
+    "init_from": _one_of("scratch", "resume"),
+    "optimizer": _one_of("adamw", "muon"),
+    "lr_schedule": _one_of("cosine", "linear"),
+    "learning_rate": _num(0, lo_open=True),
+    "min_lr": _num(0),
+    "weight_decay": _num(0),
+    "grad_clip": _num(0),
+    "beta1": _num(0, 1, hi_open=True),
+    "beta2": _num(0, 1, hi_open=True),
+    "adam_eps": _num(0, lo_open=True),
+    "ema_decay": _num(0, 1, hi_open=True),
+    "muon_momentum": _num(0, 1, hi_open=True),
+    "peak_flops": _num(0),
+    "stop_metric": (_stop_metric, "'' or a validation metric such as 'acc/val_id', 'loss/val_id' or 'val_loss' "
+                                  "(a training or test split must not choose the end point)"),
+    "out_dir": (lambda v: v.strip() != "", "a folder path"),
+    "split_join": (_split_join, "a dict {training split: iteration (an integer >= 0) or a rule such as "
+                                "'acc/val_id>=0.9'}"),
+}
+for _k in ("batch_size", "gradient_accumulation_steps", "eval_interval", "log_interval", "eval_batch_size",
+           "eval_iters", "stop_patience", "iters", "num_proc", "shard_tokens", "batch_docs", "max_tokens", "n",
+           "world_size"):
+    CHECKS[_k] = (lambda v: v >= 1, "an integer >= 1")
+for _k in ("max_iters", "warmup_iters", "lr_decay_iters", "seed", "warmup", "val_tokens", "limit"):
+    CHECKS[_k] = (lambda v: v >= 0, "an integer >= 0")
+CHECKS["threads"] = (lambda v: v >= 0, "0 (torch default) or an integer >= 1")
+OUTPUT_FILES = ("json", "png")  # written at the end of a script's work: their folder is made and checked first
+
+
+def check(config):
+    """Every key's validator, then the relations between keys; a one-line ConfigError at the first bad value."""
+    for k, (ok, allowed) in CHECKS.items():
+        if k in config:
+            try:
+                good = ok(config[k])
+            except TypeError:  # e.g. a string where the rule compares numbers
+                good = False
+            if not good:
+                raise ConfigError(f"{k}={config[k]!r} is invalid: allowed {allowed}")
+    if {"min_lr", "learning_rate"} <= set(config) and config["min_lr"] > config["learning_rate"]:
+        raise ConfigError(f"min_lr={config['min_lr']} is above learning_rate={config['learning_rate']}: "
+                          "the schedule decays to min_lr, so allowed min_lr <= learning_rate")
+    for k in OUTPUT_FILES:
+        if config.get(k):
+            check_output_file(k, config[k])
+
+
+def check_output_file(key, path):
+    """Before the work: the file's folder exists (made now if missing) and is writable, and path is no folder."""
+    folder = os.path.dirname(os.path.abspath(path))
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"{key}={path!r}: cannot make its folder ({e.strerror})") from None
+    if os.path.isdir(path) or not os.access(folder, os.W_OK):
+        raise ConfigError(f"{key}={path!r} is not a writable file path")
 
 
 def script_defaults(path):
@@ -156,4 +275,5 @@ def configure(defaults, argv, doc="", source=None):
             if isinstance(defaults.get(key), str) and not isinstance(value, str):
                 value = text  # --wandb_run_name=123 means the string "123"
             config[key] = _check(key, value, defaults, "command line")
+    check(config)
     return config

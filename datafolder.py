@@ -39,7 +39,7 @@ def read_meta(data_dir):
 
 def kind_of(meta):
     """'qa' or 'tokens'; folders from before meta.json named it are told apart by their contents."""
-    kind = meta.get("kind") or ("qa" if "vocab" in meta else "tokens" if "shards" in meta else None)
+    kind = meta.get("kind") or ("qa" if "vocab" in meta or "splits" in meta else "tokens")  # older folders
     if kind not in KINDS:
         raise DataError(f"meta.json names kind={kind!r}: allowed {KINDS}")
     return kind

@@ -13,6 +13,7 @@ The tokenizer is the tiktoken encoding recorded in the checkpoint's dataset conf
 import json
 import os
 import sys
+import warnings
 
 import torch
 import torch.nn.functional as F
@@ -175,11 +176,31 @@ DEFAULTS = dict(
 )
 
 
+def passthrough_args(args):
+    """The harness CLI's arguments for our model: its --device defaults to CUDA, so a machine without one gets
+    --device=cpu unless asked otherwise, and a device= inside --model_args becomes --device (the harness
+    would pass the keyword twice)."""
+    args = list(args)
+    for i, a in enumerate(args[:-1]):
+        if a == "--model_args" and "device=" in args[i + 1]:
+            kept = [kv for kv in args[i + 1].split(",") if not kv.startswith("device=")]
+            dev = [kv.split("=", 1)[1] for kv in args[i + 1].split(",") if kv.startswith("device=")][-1]
+            args[i + 1] = ",".join(kept)
+            if "--device" not in args:
+                args += ["--device", dev]
+    if "--device" not in args and not torch.cuda.is_available():
+        args += ["--device", "cpu"]
+    return args
+
+
 def main(argv):
     if argv and argv[0] == "lm_eval":  # the harness CLI, with "discoloop" registered
         from lm_eval.__main__ import cli_evaluate
-        sys.argv = ["lm_eval"] + argv[1:]
-        return cli_evaluate()
+        sys.argv = ["lm_eval"] + passthrough_args(argv[1:])
+        try:
+            return cli_evaluate()
+        except (CheckpointError, ValueError) as e:  # our model's one-line errors (bad device, checkpoint, ...)
+            die(e)
     try:
         c = configure(DEFAULTS, argv, __doc__, __file__)
         if not c["ckpt"]:
@@ -192,16 +213,22 @@ def main(argv):
         unknown = [t for t in tasks if t not in tm.all_tasks]
         if unknown:
             raise ConfigError(f"unknown task(s) {unknown}; see `lm_eval --tasks list` or pass --include_path")
-        try:
-            res = lm_eval.simple_evaluate(model=lm, tasks=tasks, task_manager=tm, num_fewshot=0,
-                                          limit=c["limit"] or None)
-        except Exception as e:  # the task data comes from the hub: offline, the download fails
-            name = type(e).__name__
-            if not (isinstance(e, OSError) or any(w in name for w in ("Connection", "Offline", "Hub", "NotFound"))):
-                raise
-            raise ConfigError(f"the data of task(s) {tasks} could not be loaded ({name}; offline?): it must be in "
-                              "the local Hugging Face cache (run once with network, then HF_DATASETS_OFFLINE=1), "
-                              "or pass local task YAMLs with --include_path") from None
+        try:  # the task data: from the hub's cache, or local files (--include_path)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", DeprecationWarning)
+                loaded = lm_eval.tasks.get_task_dict(tasks, tm)
+        except Exception as e:
+            name, why = type(e).__name__, (str(e).strip().splitlines() or [""])[0][:160]
+            if isinstance(e, OSError) or any(w in name for w in ("Connection", "Offline", "Hub", "NotFound")):
+                raise ConfigError(f"the data of task(s) {tasks} could not be loaded ({name}; offline?): it must be "
+                                  "in the local Hugging Face cache (run once with network, then HF_DATASETS_OFFLINE=1), "
+                                  "or pass local task YAMLs with --include_path") from None
+            raise ConfigError(f"the data of task(s) {tasks} could not be loaded ({name}: {why}): an empty or "
+                              "malformed data file?") from None
+        empty = [t for t, task in loaded.items() if hasattr(task, "eval_docs") and len(task.eval_docs) == 0]
+        if empty:  # the harness would fail far from the cause (a division by zero in its metrics)
+            raise ConfigError(f"task(s) {empty} have no examples to evaluate (an empty data file?)")
+        res = lm_eval.simple_evaluate(model=lm, tasks=tasks, task_manager=tm, num_fewshot=0, limit=c["limit"] or None)
     except (ConfigError, CheckpointError, ValueError) as e:
         die(e)
     row = table2_row(res["results"], tasks)

@@ -90,8 +90,14 @@ class GPTConfig:
             bad("recurrence", RECURRENCES)
         if self.disco_gate not in GATES:
             bad("disco_gate", GATES)
-        if not self.disco_tau > 0:
-            bad("disco_tau", "a number > 0")
+        if not (self.disco_tau > 0 and math.isfinite(self.disco_tau)):
+            bad("disco_tau", "a finite number > 0")
+        if self.recurrence in ("disco", "ponder") and self.n_loop < 2:
+            bad("n_loop", f"an integer >= 2 for recurrence={self.recurrence!r} (one loop has no injection; "
+                          "use recurrence='loop' for a single pass)")
+        for name in ("disco_alpha", "rope_theta"):
+            if not math.isfinite(getattr(self, name)):
+                bad(name, "a finite number")
         if not 0 <= self.disco_topk <= self.vocab_size:
             bad("disco_topk", f"0 (exact) or 1..vocab_size={self.vocab_size}")
         if self.disco_chunk < 0:
@@ -355,6 +361,23 @@ class GPT(nn.Module):
                 h = block.mlp.c_fc.weight.size(0) // 2
                 out[block.mlp.c_fc.weight] = [h, h]
         return out
+
+    def configure_optimizers(self, optimizer, learning_rate, weight_decay, betas, eps, muon_momentum, fused=False):
+        """[AdamW] or [AdamW, Muon]. Weight decay on matrices only. With 'muon', the 2-D block matrices go
+        to Muon (scaled to AdamW-like lr by match_rms_adamw; q, k, v and gate, up orthogonalized apart,
+        muon.py); embeddings, norms and gates stay with AdamW."""
+        from muon import SplitMuon, takes_muon
+        params = {n: p for n, p in self.named_parameters() if p.requires_grad}
+        muon_names = [n for n, p in params.items() if optimizer == "muon" and takes_muon(n, p)]
+        decay = [p for n, p in params.items() if p.dim() >= 2 and n not in muon_names]
+        no_decay = [p for n, p in params.items() if p.dim() < 2]
+        opts = [torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay},
+                                   {"params": no_decay, "weight_decay": 0.0}],
+                                  lr=learning_rate, betas=betas, eps=eps, fused=fused)]
+        if muon_names:
+            opts.append(SplitMuon([params[n] for n in muon_names], self.projection_splits(), lr=learning_rate,
+                                  weight_decay=weight_decay, momentum=muon_momentum, adjust_lr_fn="match_rms_adamw"))
+        return opts
 
     def get_num_params(self, non_embedding=True):
         n = sum(p.numel() for p in self.parameters())

@@ -398,6 +398,8 @@ def main(argv):
                                  else list(range(1, model.config.n_loop + 2)))
                     except ValueError:
                         die(f"--n_loop={a['n_loop']!r} must be comma-separated integers")
+                    if min(loops) < 1:
+                        die(f"--n_loop={a['n_loop']!r} is invalid: allowed loop counts >= 1")
                     if model.config.recurrence == "none":
                         loops = [n for n in loops if n <= model.config.n_loop]
                     res = cmd_acc(model, data, loops)

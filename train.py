@@ -25,14 +25,14 @@ import torch
 from torch.distributed import destroy_process_group, init_process_group
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from common import DTYPES, DataError, autocast, resolve_device, resolve_dtype
+from common import (DTYPES, DataError, autocast, cpu_has_bf16_flag, model_step_timer, pick_cpu_dtype, resolve_device,
+                    resolve_dtype)
 from datafolder import kind_of, load_prepare, read_meta
 from checkpoint import (RESUME_KEYS, CheckpointError, append_metrics, config_mismatch, early_stop_row, join_iteration,
-                        joins_acted, load_checkpoint, lock_run_folder, parse_join_rule, read_metrics, save_checkpoint,
-                        strip_compile_prefix)
-from configurator import ConfigError, configure, die, merge
+                        joins_acted, load_checkpoint, lock_run_folder, read_metrics, resume_changes,
+                        save_checkpoint, strip_compile_prefix)
+from configurator import ConfigError, configure, die, merge, parse_join_rule
 from model import GPT, GPTConfig
-from muon import SplitMuon, takes_muon
 from shards import TokenData
 from tasks import QAData
 
@@ -125,26 +125,10 @@ except ConfigError as e:
 config = {k: globals()[k] for k in config_keys}
 # -----------------------------------------------------------------------------
 
-for key, allowed in (("dataset", ("symbolic", "nl", "pretrain")), ("init_from", ("scratch", "resume")),
-                     ("optimizer", ("adamw", "muon")), ("lr_schedule", ("cosine", "linear")),
-                     ("dtype", ("auto", "float32", "bfloat16", "float16"))):
-    if config[key] not in allowed:
-        die(f"{key}={config[key]!r} is invalid: allowed {allowed}")
-for key in ("batch_size", "gradient_accumulation_steps", "eval_interval", "log_interval", "eval_batch_size", "eval_iters"):
-    if config[key] < 1:
-        die(f"{key}={config[key]} must be >= 1")
-for key in ("learning_rate", "min_lr", "weight_decay", "grad_clip", "beta1", "beta2", "adam_eps", "ema_decay",
-            "muon_momentum", "peak_flops", "rope_theta", "disco_alpha", "disco_tau"):
-    if not math.isfinite(config[key]):
-        die(f"{key}={config[key]} is invalid: allowed a finite number")
-if max_iters < 0 or learning_rate <= 0 or min_lr < 0 or grad_clip < 0 or weight_decay < 0:
-    die("max_iters, weight_decay, min_lr and grad_clip must be >= 0 and learning_rate > 0")
-for key, ok, allowed in (("seed", seed >= 0, "an integer >= 0"), ("threads", threads >= 0, "0 (torch default) or >= 1"),
-                         ("beta1", 0 <= beta1 < 1, "0 <= beta1 < 1"), ("beta2", 0 <= beta2 < 1, "0 <= beta2 < 1"),
-                         ("adam_eps", adam_eps > 0, "a number > 0"), ("out_dir", out_dir.strip() != "", "a folder path"),
-                         ("warmup_iters", warmup_iters >= 0, "an integer >= 0")):
-    if not ok:
-        die(f"{key}={config[key]!r} is invalid: allowed {allowed}")
+try:  # model keys: GPTConfig is their one validator (vocab_size 0 = the dataset's, known once it is loaded)
+    GPTConfig.from_dict({**config, "vocab_size": vocab_size or max(1, disco_topk)})
+except ValueError as e:
+    die(e)
 if os.path.exists(out_dir) and not os.path.isdir(out_dir):
     die(f"out_dir={out_dir!r} is an existing file, not a folder")
 try:  # fail now, not at the first checkpoint
@@ -154,24 +138,6 @@ try:  # fail now, not at the first checkpoint
     os.remove(os.path.join(out_dir, f".write-test-{os.getpid()}"))
 except OSError as e:
     die(f"out_dir={out_dir!r} is not writable ({e.strerror})")
-if "test" in stop_metric:  # the rest is checked against the dataset's metric names once it is loaded
-    die(f"stop_metric={stop_metric!r} is invalid: allowed '' or a validation metric such as 'loss/val_id', "
-        "'acc/val_id' or 'val_loss' (a test split must not choose the end point)")
-if stop_patience < 1:
-    die(f"stop_patience={stop_patience} must be >= 1")
-if not isinstance(split_join, dict):
-    die(f"split_join={split_join!r} is invalid: allowed a dict {{training split: iteration or rule}}")
-for name, when in split_join.items():  # metric names are checked once the dataset is loaded
-    if isinstance(when, str):
-        try:
-            parse_join_rule(when)
-        except ValueError as e:
-            die(e)
-    elif not isinstance(when, int) or isinstance(when, bool) or when < 0:
-        die(f"split_join[{name!r}]={when!r} is invalid: allowed an iteration (an integer >= 0) or a rule "
-            "such as 'acc/val_id>=0.9'")
-if not 0 <= ema_decay < 1:
-    die(f"ema_decay={ema_decay} is invalid: allowed 0 (off) or 0 < ema_decay < 1")
 
 # distributed setup (nanoGPT's): torchrun sets RANK, LOCAL_RANK and WORLD_SIZE
 ddp = int(os.environ.get("RANK", -1)) != -1
@@ -220,6 +186,10 @@ try:
         data = TokenData(data_dir, block_size, eval_iters, seed)
     else:
         data = QAData(data_dir, block_size, {s: None if isinstance(j, str) else j for s, j in split_join.items()})
+        first = int((data.row_join == 0).sum())  # the examples in the mix at iteration 0
+        if batch_size * gradient_accumulation_steps > first:
+            die(f"batch_size={batch_size} x gradient_accumulation_steps={gradient_accumulation_steps} is more than "
+                f"the {first} training examples in the mix at iteration 0 of '{data_dir}': allowed at most {first}")
 except (DataError, ConfigError) as e:
     die(e)
 data_vocab, data_config = data.vocab_size, data.config
@@ -231,10 +201,10 @@ if stop_metric and stop_metric not in data.metric_names:
         f"{[m for m in data.metric_names if 'val' in m]}")
 rule_joins = {s: j for s, j in split_join.items() if isinstance(j, str)}  # splits a validation metric lets in
 for name, rule in rule_joins.items():
-    metric = parse_join_rule(rule)[0]
-    if metric not in data.metric_names or "test" in metric:
-        die(f"split_join[{name!r}]={rule!r}: {metric!r} is not a validation or training metric of this dataset "
-            f"(e.g. {[m for m in data.metric_names if 'val' in m]}; a test split must not steer training)")
+    metric = parse_join_rule(rule)[0]  # a well-formed rule that can hold (configurator); here: this dataset's?
+    if metric not in data.metric_names:
+        die(f"split_join[{name!r}]={rule!r}: {metric!r} is not a metric of this dataset "
+            f"(e.g. {[m for m in data.metric_names if 'val' in m]})")
 if vocab_size and vocab_size < data_vocab:
     die(f"vocab_size={vocab_size} is smaller than the dataset's vocabulary ({data_vocab})")
 vocab_size = vocab_size or data_vocab
@@ -259,8 +229,8 @@ if init_from == "resume" or eval_only:  # eval_only evaluates the checkpoint in 
         ckpt = load_checkpoint(ckpt_path, required=RESUME_KEYS)
     except CheckpointError as e:
         die(e)
-    why = config_mismatch(ckpt["model_args"], config, model_fields) \
-        or config_mismatch(ckpt["config"], config, ["optimizer"]) \
+    changes, why = resume_changes(ckpt["config"], config, ckpt.get("dtype"))
+    why = why or config_mismatch(ckpt["model_args"], config, model_fields) \
         or config_mismatch(ckpt.get("data_config", {}), data_config, list(data_config))
     # a curriculum may be changed where it has not acted yet: every join at or after the resume point
     saved_join = ckpt["config"].get("split_join", {})
@@ -275,15 +245,8 @@ if init_from == "resume" or eval_only:  # eval_only evaluates the checkpoint in 
     cpu_elapsed = ckpt.get("cpu_elapsed", 0.0)  # and their CPU time
 if dtype == "auto" and ckpt is not None and ckpt.get("dtype"):
     dtype = ckpt["dtype"]  # a resumed run keeps the precision it started with (bit-identical resume)
-elif dtype == "auto" and ddp and device_type != "cuda":
-    # common.py's rule times bf16 on a CPU: only rank 0 measures (ranks timing at once would load the same cores)
-    choice = torch.tensor([list(DTYPES).index(resolve_dtype("auto", device)) if master else 0])
-    torch.distributed.broadcast(choice, 0)
-    dtype = list(DTYPES)[choice.item()]
-elif dtype == "auto":
-    dtype = resolve_dtype("auto", device)
-ptdtype = DTYPES[dtype]
-ctx = autocast(device, dtype)
+elif dtype == "auto" and device_type != "cpu":
+    dtype = resolve_dtype("auto", device)  # a GPU: bf16 where it has it (on a CPU: timed below, on this model)
 if device_type == "cuda":
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
@@ -294,6 +257,7 @@ try:
 except ValueError as e:
     die(e)
 model_args = {k: config[k] for k in model_fields}  # stored in checkpoints
+ptdtype = DTYPES.get(dtype, torch.bfloat16)  # what the memory plan assumes ('auto' is a CPU, where there is none)
 if device_type == "cuda" and memory_check:
     # measured with fake tensors (nothing allocated), so an OOM-bound config stops here, not at step 1
     from memory import HEADROOM, format_plan, plan
@@ -309,27 +273,25 @@ model = GPT(gpt_config)
 if ckpt is not None:
     model.load_state_dict(strip_compile_prefix(ckpt["model"]))
 model.to(device)
+dtype_seconds = {}
+if dtype == "auto":  # a CPU: bf16 only where THIS model's training step is measured >= 1.25x faster (common.py)
+    # rank 0 measures (ranks timing at once would load the same cores) on the first micro-batch; all follow
+    x, y = data.get_batch(0, global_batch, 0, gradient_accumulation_steps, seed)  # one micro-batch
+    timer = model_step_timer(model, x.to(device), y.to(device))
+    choice = torch.tensor([list(DTYPES).index(pick_cpu_dtype(cpu_has_bf16_flag(), timer)) if master else 0])
+    if ddp:
+        torch.distributed.broadcast(choice, 0)
+    dtype, dtype_seconds = list(DTYPES)[choice.item()], timer.seconds
+ptdtype = DTYPES[dtype]
+ctx = autocast(device, dtype)
 
 
-def configure_optimizers(model):
-    """Weight decay on matrices only. With 'muon', the block matrices (2-D, inside f_theta) go to
-    torch.optim.Muon (scaled to AdamW-like lr by match_rms_adamw); embeddings, norms, gates -> AdamW."""
-    params = {n: p for n, p in model.named_parameters() if p.requires_grad}
-    muon_names = [n for n, p in params.items() if optimizer == "muon" and takes_muon(n, p)]
-    decay = [p for n, p in params.items() if p.dim() >= 2 and n not in muon_names]
-    no_decay = [p for n, p in params.items() if p.dim() < 2]
-    fused = device_type == "cuda"
-    opts = [torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay},
-                               {"params": no_decay, "weight_decay": 0.0}],
-                              lr=learning_rate, betas=(beta1, beta2), eps=adam_eps, fused=fused)]
-    if muon_names:  # q, k, v and gate, up orthogonalized apart, as separate projections (muon.py)
-        opts.append(SplitMuon([params[n] for n in muon_names], model.projection_splits(), lr=learning_rate,
-                              weight_decay=weight_decay, momentum=muon_momentum, adjust_lr_fn="match_rms_adamw"))
-    return opts
-
-
-optimizers = configure_optimizers(model)
+optimizers = model.configure_optimizers(optimizer, learning_rate, weight_decay, (beta1, beta2), adam_eps,
+                                        muon_momentum, fused=device_type == "cuda")
 if ckpt is not None:
+    if not eval_only and (len(ckpt["optimizers"]) != len(optimizers) or not all(s.get("state") for s in ckpt["optimizers"])):
+        die(f"cannot resume from {ckpt_path}: it holds no optimizer state for this run's {len(optimizers)} "
+            "optimizer(s); a fresh optimizer would not continue the run")
     for opt, state in zip(optimizers, ckpt["optimizers"]):
         opt.load_state_dict(state)
     torch.set_rng_state(ckpt["rng_cpu"])
@@ -412,13 +374,27 @@ if master and not eval_only:  # eval_only changes no file but the row it appends
         with open(tmp, "w") as f:
             f.writelines(json.dumps(r) + "\n" for r in rows)
         os.replace(tmp, metrics_path)
-    with open(os.path.join(out_dir, "config.json"), "w") as f:
-        json.dump(config, f, indent=1)
+    # config.json: the config the weights are trained with, and every resume with what it changed
+    resumes = []
+    if init_from == "resume" and os.path.exists(os.path.join(out_dir, "config.json")):
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            with open(os.path.join(out_dir, "config.json")) as f:
+                resumes = list(json.load(f).get("resumes", []))
+    if init_from == "resume":
+        resumes.append({"iter": iter_num, "at": time.strftime("%Y-%m-%d %H:%M:%S"), "changed": changes})
+    tmp = os.path.join(out_dir, f"config.json.tmp-{os.getpid()}")
+    with open(tmp, "w") as f:
+        json.dump({**config, "dtype_resolved": dtype, "dtype_seconds": dtype_seconds, "resumes": resumes}, f, indent=1)
+    os.replace(tmp, os.path.join(out_dir, "config.json"))
     print(f"{recurrence} K={n_loop}: {raw_model.get_num_params() / 1e6:.3f}M parameters, device {device}, dtype {dtype}"
           + (f", world size {world_size}" if ddp else ""))
 if wandb_log and master:
     import wandb
-    wandb.init(project=wandb_project, name=wandb_run_name, config=config, resume="allow")
+    try:
+        wandb.init(project=wandb_project, name=wandb_run_name, config=config, resume="allow")
+    except Exception as e:  # no login, no network: say so before any training, not as wandb's traceback
+        die(f"wandb_log=True but wandb could not start ({type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:160]}): "
+            "run `wandb login`, set WANDB_MODE=offline, or pass --wandb_log=False")
 
 stop_requested = False
 
@@ -491,7 +467,8 @@ compiled_once = False
 t0, t_start = time.time(), time.time() - elapsed
 cpu_start = time.process_time() - cpu_elapsed  # CPU seconds of this process (all its threads): budgets on a shared machine
 # the resumed iteration's evaluation is in metrics.jsonl, unless a stop abandoned it: then it runs now
-evaluated_at = iter_num if any(r.get("iter") == iter_num for r in rows) else -1
+# (an --eval_only row does not count: the curriculum and early-stop rules read only the run's own rows)
+evaluated_at = iter_num if any(r.get("iter") == iter_num and not r.get("eval_only") for r in rows) else -1
 saved_at = iter_num if init_from == "resume" else -1  # the iteration in ckpt.pt (-1: none yet)
 early_stopped = False
 
@@ -592,6 +569,10 @@ while True:
         try:
             micro_step(x, y)
         except Exception as e:  # the first step compiles: say why it failed, then run eager
+            if isinstance(e, torch.OutOfMemoryError) or "can't allocate memory" in str(e):
+                die(f"out of memory in the training step (batch_size={batch_size} x block_size={block_size} per "
+                    "micro-step): lower batch_size and raise gradient_accumulation_steps, or set "
+                    "activation_checkpointing='block'")
             if not compile or compiled_once:
                 raise
             if ddp:

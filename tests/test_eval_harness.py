@@ -136,3 +136,31 @@ def test_bad_input(ckpt, tmp_path):
     r = run(["eval_harness.py", f"--ckpt={ckpt}", "--tasks=no_such_task"],
             env={"HF_DATASETS_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")})
     assert r.returncode == 2 and "no_such_task" in r.stderr, r.stderr[-2000:]
+
+
+def test_passthrough_on_a_cpu_and_empty_tasks(ckpt, tmp_path):
+    """The harness CLI asks for CUDA by default, and passes --device beside a device= in --model_args; an
+    empty task would fail deep in its metrics; --json into a missing folder is made before the work."""
+    from eval_harness import passthrough_args
+    args = passthrough_args(["--model", "discoloop", "--model_args", f"ckpt={ckpt},device=cpu", "--tasks", "x"])
+    assert args[args.index("--model_args") + 1] == f"ckpt={ckpt}" and args[args.index("--device") + 1] == "cpu"
+    if not torch.cuda.is_available():
+        assert passthrough_args(["--tasks", "x"])[-2:] == ["--device", "cpu"]
+    assert passthrough_args(["--device", "cuda:1"]) == ["--device", "cuda:1"]  # what the user asked for stays
+    empty = tmp_path / "e.jsonl"
+    empty.write_text("")
+    (tmp_path / "e.yaml").write_text(f"""task: empty_task
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {empty}
+test_split: test
+output_type: loglikelihood
+doc_to_text: "{{{{text}}}}"
+doc_to_target: "{{{{target}}}}"
+""")
+    env = {"HF_DATASETS_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
+    r = run(["eval_harness.py", f"--ckpt={ckpt}", "--tasks=empty_task", f"--include_path={tmp_path}",
+             f"--json={tmp_path / 'new' / 'r.json'}"], env=env)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "empty" in r.stderr, r.stderr[-2000:]
+    assert (tmp_path / "new").is_dir()  # the output folder was made (and checked) before the evaluation

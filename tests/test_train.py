@@ -128,6 +128,13 @@ def test_sigterm_saves_and_exits_cleanly(tiny_data, tmp_path):
 def test_nan_loss_stops_and_keeps_last_good_checkpoint(tiny_data, tmp_path):
     out = str(tmp_path / "run")
     assert run(tiny_train_args(tiny_data, out, "--max_iters=10", "--eval_interval=10")).returncode == 0
+    # a resume may not change the learning rate (the checkpoint's config is the truth): give the checkpoint a
+    # run that diverges from here on, as a run whose schedule blows up at iteration 10 would have
+    from checkpoint import save_checkpoint
+    diverge = {"learning_rate": 1e30, "min_lr": 1e30, "grad_clip": 0.0, "decay_lr": False}
+    ck = torch.load(os.path.join(out, "ckpt.pt"), weights_only=True)
+    ck.pop("crc32")
+    save_checkpoint({**ck, "config": {**ck["config"], **diverge}}, os.path.join(out, "ckpt.pt"))
     before = open(os.path.join(out, "ckpt.pt"), "rb").read()
     r = run(tiny_train_args(tiny_data, out, "--max_iters=100", "--eval_interval=10", "--init_from=resume",
                             "--learning_rate=1e30", "--min_lr=1e30", "--grad_clip=0.0", "--decay_lr=False"))

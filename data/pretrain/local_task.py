@@ -27,6 +27,8 @@ DEFAULTS = dict(
 def make(c):
     if not os.path.isfile(c["text_file"]):
         raise ConfigError(f"text_file '{c['text_file']}' not found")
+    if os.path.exists(c["out_dir"]) and not os.path.isdir(c["out_dir"]):
+        raise ConfigError(f"out_dir={c['out_dir']!r} is an existing file, not a folder")
     words = open(c["text_file"], encoding="utf-8", errors="replace").read().split()
     text = " ".join(words)  # one space between words: the target is always ' word'
     ends = [i for i, ch in enumerate(text) if ch == " " and i > c["context_chars"]]
@@ -37,6 +39,9 @@ def make(c):
         word = text[e + 1:nxt if nxt > 0 else len(text)]
         if word.isalpha():
             rows.append({"text": text[e - c["context_chars"]:e], "target": " " + word})
+    if not rows:  # an empty task makes the harness fail later, far from the cause
+        raise ConfigError(f"text_file '{c['text_file']}' gives no example: it needs more than context_chars="
+                          f"{c['context_chars']} characters followed by whole words")
     os.makedirs(c["out_dir"], exist_ok=True)
     data = os.path.abspath(os.path.join(c["out_dir"], "local_lambada.jsonl"))
     with open(data, "w") as f:

@@ -155,30 +155,43 @@ def open_source(spec, text_column):
 
 
 def _rows(spec, text_column):
+    import datasets
     from datasets import load_dataset
-    if spec.startswith("hf:"):
-        _, name, cfg = spec.split(":", 2)
-        ds = load_dataset(name, cfg or None, split="train", streaming=True)
-    else:
+    datasets.logging.set_verbosity(datasets.logging.CRITICAL)  # a failure is reported below, in one line
+    if not spec.startswith("hf:"):
         ext = spec.rsplit(".", 1)[-1]
         kind = {"parquet": "parquet", "jsonl": "json", "json": "json"}.get(ext)
         if kind is None or not os.path.isfile(spec):
             raise ConfigError(f"data file '{spec}' " + ("not found" if kind else "must be .parquet, .jsonl or .json"))
         if os.path.getsize(spec) == 0:
             return  # an empty source: no documents
-        ds = load_dataset(kind, data_files=spec, split="train", streaming=True)
-    for row in ds:
-        if text_column not in row:
-            raise ConfigError(f"source '{spec}' has no column '{text_column}' (columns: {sorted(row)})")
-        yield row[text_column]
+    try:  # a source that cannot be read (malformed file, hub out of reach) is one line, not a library's traceback
+        if spec.startswith("hf:"):
+            _, name, cfg = spec.split(":", 2)
+            ds = load_dataset(name, cfg or None, split="train", streaming=True)
+        else:
+            ds = load_dataset(kind, data_files=spec, split="train", streaming=True)
+        for row in ds:
+            if text_column not in row:
+                raise ConfigError(f"source '{spec}' has no column '{text_column}' (columns: {sorted(row)})")
+            yield row[text_column]
+    except ConfigError:
+        raise
+    except Exception as e:
+        why = (str(e).strip().splitlines() or [""])[0][:200]
+        hint = "; the hub is out of reach here: pass local files with --data_files" if spec.startswith("hf:") else ""
+        raise ConfigError(f"source '{spec}' could not be read ({type(e).__name__}: {why}){hint}") from None
 
 
 def open_sources(c, skip):
     if c["short_source"] not in ("stop", "fill"):
         raise ConfigError(f"short_source={c['short_source']!r} is invalid: allowed 'stop' or 'fill'")
     specs = c["data_files"].split(",")
-    weights = np.array([float(w) for w in c["weights"].split(",")])
-    if len(weights) != len(specs) or (weights <= 0).any():
+    try:
+        weights = np.array([float(w) for w in c["weights"].split(",")])
+    except ValueError:
+        weights = np.zeros(0)
+    if len(weights) != len(specs) or not (weights > 0).all() or not np.isfinite(weights).all():
         raise ConfigError(f"weights={c['weights']!r} must be one positive number per source ({len(specs)})")
     iters = [open_source(s, c["text_column"]) for s in specs]
     for it, n in zip(iters, skip):  # documents already in finished shards
@@ -189,11 +202,17 @@ def open_sources(c, skip):
 
 def write_atomic(path, array):
     tmp = path + ".tmp"
-    with open(tmp, "wb") as f:
-        f.write(array.tobytes())
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(array.tobytes())
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as e:  # a full disk: the shards written so far stay, and a rerun resumes after them
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise DataError(f"could not write '{path}' ({e.strerror}); the shards written so far are kept: free space "
+                        "and run the same command again to resume") from None
 
 
 def prepare(c, enc=None):

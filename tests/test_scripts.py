@@ -1,0 +1,140 @@
+"""Nothing silent and no raw traceback, on every script: each category of the reliability pass, through the one
+validator of its key (configurator.CHECKS, GPTConfig) or the script's own input checks. A bad value is one
+line naming it and what is allowed, exit 2, before any work, and nothing on disk changes."""
+import json
+import os
+
+import pytest
+
+from configurator import ConfigError, configure, parse_join_rule
+from conftest import run, tiny_train_args
+from model import GPTConfig
+from test_cli import one_line
+
+
+def train_defaults():
+    from configurator import script_defaults
+    return {k: v for k, (v, _) in script_defaults("train.py").items()}
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--stop_metric=acc/train_id"], "a training or test split must not choose"),
+    (["--stop_metric=acc/test_ood"], "stop_metric='acc/test_ood'"),
+    (["--stop_metric=garbage"], "stop_metric='garbage'"),
+    (["--min_lr=0.01", "--learning_rate=0.001"], "allowed min_lr <= learning_rate"),
+    (["--lr_decay_iters=-5"], "lr_decay_iters=-5"),
+    (["--batch_size=0"], "batch_size=0 is invalid: allowed an integer >= 1"),
+    (["--dtype=bogus"], "dtype='bogus'"),
+    (["--split_join={'train_id': 'acc/val_id>=2'}"], "can never hold"),
+    (["--split_join={'train_id': 'loss/val_id<=-1'}"], "can never hold"),
+    (["--split_join={'train_id': -3}"], "split_join="),
+    (["--json=/dev/null/x.json"], "json="),  # an output path that cannot be made is refused before the work
+])
+def test_training_keys_have_one_validator(args, needle):
+    defaults = {**train_defaults(), "json": ""}
+    with pytest.raises(ConfigError, match=None) as e:
+        configure(defaults, args)
+    assert needle in str(e.value) and "\n" not in str(e.value)
+
+
+def test_model_keys_are_gptconfig_s():
+    for kw, needle in [({"recurrence": "disco", "n_loop": 1}, "n_loop=1"), ({"recurrence": "ponder", "n_loop": 1}, "n_loop=1"),
+                       ({"n_head": 3, "n_embd": 32}, "n_head=3"), ({"disco_alpha": float("nan")}, "disco_alpha"),
+                       ({"disco_topk": 10**6}, "disco_topk")]:
+        with pytest.raises(ValueError, match=needle):
+            GPTConfig(**kw)
+    GPTConfig(recurrence="loop", n_loop=1)  # one pass of a plain loop is fine
+
+
+def test_join_rules_that_hold_parse():
+    assert parse_join_rule("acc/val_id>=0.9") == ("acc/val_id", ">=", 0.9)
+    assert parse_join_rule("loss/val_id<=0.5") == ("loss/val_id", "<=", 0.5)
+
+
+def test_train_refuses_before_work(tiny_data, tmp_path):
+    out = tmp_path / "run"
+    one_line(run(tiny_train_args(tiny_data, str(out), "--recurrence=disco", "--n_loop=1")), "n_loop=1")
+    one_line(run(tiny_train_args(tiny_data, str(out), "--batch_size=100000")), "batch_size=100000",
+             "training examples")
+    one_line(run(tiny_train_args(tiny_data, str(out), "--max_iters=1", "--wandb_log=True"),
+                 env={"WANDB_MODE": "", "WANDB_API_KEY": "", "HOME": str(tmp_path)}), "wandb")
+    assert not os.path.exists(out / "ckpt.pt")
+
+
+def test_train_reads_past_damaged_metrics_rows(tiny_data, tmp_path):
+    out = str(tmp_path / "run")
+    assert run(tiny_train_args(tiny_data, out, "--max_iters=5", "--eval_interval=5")).returncode == 0
+    with open(os.path.join(out, "metrics.jsonl"), "ab") as f:
+        f.write(os.urandom(200) + b"\n[1, 2]\n{\"iter\": \"x\"}\n")
+    os.makedirs(os.path.join(out, "x.tmp-1"))  # a user's folder named like a temp file: not ours to delete
+    r = run(tiny_train_args(tiny_data, out, "--max_iters=10", "--eval_interval=5", "--init_from=resume"))
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "Traceback" not in r.stderr and "is a torn line or not a metrics row" in r.stderr
+    with open(os.path.join(out, "metrics.jsonl")) as f:
+        assert [json.loads(line)["iter"] for line in f] == [0, 5, 10]
+    assert os.path.isdir(os.path.join(out, "x.tmp-1"))
+
+
+@pytest.fixture(scope="module")
+def probe_ckpt(tiny_data, tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("probe") / "run")
+    assert run(tiny_train_args(tiny_data, out, "--max_iters=5", "--eval_interval=5")).returncode == 0
+    return out
+
+
+def test_probe_one_line(probe_ckpt, tmp_path):
+    one_line(run(["probe.py", "acc", f"--ckpt={probe_ckpt}", "--n_loop=0"]), "allowed loop counts >= 1")
+    one_line(run(["probe.py", "acc", f"--ckpt={probe_ckpt}", "--dtype=bogus"]), "dtype='bogus'")
+    one_line(run(["probe.py", "plot", probe_ckpt, "--stop_metric=acc/test_ood"]), "stop_metric='acc/test_ood'")
+    png = tmp_path / "new" / "folder" / "sweep.png"  # made before the sweep, not after it
+    r = run(["probe.py", "sweep", f"--ckpt={probe_ckpt}", f"--png={png}", "--alphas=0,1", f"--json={tmp_path / 's.json'}"])
+    assert r.returncode == 0 and png.exists(), r.stderr[-2000:]
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--iters=0"], "iters=0"), (["--n_head=3"], "n_head=3"), (["--batch_size=0"], "batch_size=0"),
+    (["--disco_topk=99999"], "disco_topk=99999"), (["plan"], "needs a training config file"),
+])
+def test_bench_one_line(args, needle):
+    one_line(run(["bench.py"] + args), needle)
+
+
+def test_pretrain_prepare_one_line(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "fine"}\n{"text": broken\n')
+    base = ["data/pretrain/prepare.py", "--encoding=bytes", "--num_proc=1", "--max_tokens=3000", "--val_tokens=500"]
+    one_line(run(base + [f"--out_dir={tmp_path / 'a'}", f"--data_files={bad}", "--weights=1"]), "could not be read")
+    one_line(run(base + [f"--out_dir={tmp_path / 'b'}", "--data_files=synthetic:web,synthetic:math", "--weights=a,b"]),
+             "weights='a,b'")
+    one_line(run(base + ["--num_proc=0"]), "num_proc=0")
+    one_line(run(base + ["--shard_tokens=0"]), "shard_tokens=0")  # it used to write empty files forever
+    one_line(run(base + [f"--out_dir={tmp_path / 'c'}", "--data_files=hf:nobody/nothing:x", "--weights=1"],
+                 env={"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}), "could not be read", "--data_files")
+
+
+def test_pretrain_prepare_damaged_state_one_line(tmp_path):
+    out = tmp_path / "tok"
+    base = ["data/pretrain/prepare.py", "--encoding=bytes", "--num_proc=1", "--val_tokens=500", "--shard_tokens=1000",
+            "--data_files=synthetic:web", "--weights=1", f"--out_dir={out}"]
+    assert run(base + ["--max_tokens=3000"]).returncode == 0
+    with open(out / "state.json") as f:
+        state = json.load(f)
+    os.remove(out / "meta.json")  # as if interrupted after the shards: state.json is what resumes
+    if state.get("pending"):
+        os.remove(out / state["pending"])
+        one_line(run(base + ["--max_tokens=6000"]), "lost its pending file")
+    (out / "state.json").write_text("")
+    shards = sorted(os.listdir(out))
+    one_line(run(base + ["--max_tokens=6000"]), "state.json", "damaged")
+    assert sorted(os.listdir(out)) == shards
+
+
+def test_local_task_one_line(tmp_path):
+    text = tmp_path / "t.txt"
+    text.write_text("too short")
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    one_line(run(["data/pretrain/local_task.py", "--n=-1"]), "n=-1")
+    one_line(run(["data/pretrain/local_task.py", f"--text_file={text}", f"--out_dir={afile}"]), "is an existing file")
+    one_line(run(["data/pretrain/local_task.py", f"--text_file={text}", f"--out_dir={tmp_path / 'o'}"]), "gives no example")
+    assert not (tmp_path / "o").exists()
