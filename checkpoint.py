@@ -1,22 +1,17 @@
 """
-Checkpoints and the run folder: written atomically, loaded without running code, one run at a time.
+Checkpoints: written atomically, loaded without running code, checked against their content checksum;
+the keys a resume may change. (The rest of the run folder, metrics and config.json, is runlog.py's.)
 
 A checkpoint is a dict of tensors and plain Python values only: model and optimizer state, the
 GPTConfig fields (`model_args`), the full training config, iteration, RNG states and the
 dataset's generating config. `torch.load(weights_only=True)` therefore suffices, so loading
 someone else's file cannot execute their code.
 """
-import fcntl
-import glob
-import json
-import math
 import os
-import sys
 import zlib
 
 import torch
 
-from configurator import parse_join_rule
 from model import GPT, GPTConfig
 
 
@@ -116,97 +111,6 @@ def resume_changes(saved, config, saved_dtype):
                           f"only {', '.join(RESUMABLE)}")
         changed[k] = [saved[k], now]
     return changed, None
-
-
-def lock_run_folder(out_dir):
-    """Hold an exclusive lock on out_dir for the life of this process, so that two runs never share
-    a folder. The kernel drops the lock when the holder dies, so a killed run never blocks the next.
-    Then remove temp files of earlier, dead runs (holding the lock, no live run can own one)."""
-    path = os.path.join(out_dir, "run.lock")
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
-        os.close(fd)
-        raise CheckpointError(f"out_dir '{out_dir}' is in use by another run (PID {holder}): wait for it, stop it, "
-                              "or choose another out_dir") from None
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, str(os.getpid()).encode(), 0)
-    for tmp in glob.glob(os.path.join(out_dir, "*.tmp-*")):
-        if os.path.isfile(tmp) or os.path.islink(tmp):  # our temp files; a folder of that name is not ours
-            os.remove(tmp)
-    return fd  # keep it open: closing it releases the lock
-
-
-def read_metrics(path):
-    """Rows of a metrics.jsonl. A torn line (a crash or a full disk during the append) is skipped
-    with a warning instead of blocking the run or the plot."""
-    rows = []
-    if not os.path.exists(path):
-        return rows
-    with open(path, encoding="utf-8", errors="replace") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                row = None
-            if not isinstance(row, dict) or type(row.get("iter")) is not int:  # torn, foreign or damaged
-                print(f"warning: {path}:{lineno} is a torn line or not a metrics row, skipped", file=sys.stderr)
-                continue
-            rows.append(row)
-    return rows
-
-
-def append_metrics(path, row):
-    """One write of one whole line, so readers never see half a row from a live run."""
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, (json.dumps(row) + "\n").encode())
-    finally:
-        os.close(fd)
-
-
-def early_stop_row(rows, metric, patience):
-    """Index of the evaluation row at which a run with stop_metric=metric and stop_patience=patience
-    stops (its best value, the first on ties, lies `patience` evaluations back), or None. train.py
-    decides with it while running; probe.py plot --stop_metric replays it on a finished log: a run
-    that stops early is the prefix of the same run without stopping."""
-    sign = 1 if metric.startswith(("loss/", "val_loss")) else -1
-    best, best_i, n = None, 0, 0
-    for i, r in enumerate(rows):
-        if metric not in r or r.get("eval_only"):
-            continue
-        if best is None or sign * r[metric] < sign * best:
-            best, best_i = r[metric], n
-        if n - best_i >= patience:
-            return i
-        n += 1
-    return None
-
-
-def join_iteration(rows, rule):
-    """Iteration of the first evaluation row at which `rule` held, or None. A split joined by a rule
-    (split_join={"train_id_3hop": "acc/val_id>=0.9"}) enters the mix at that iteration: train.py
-    decides with it while running and again from metrics.jsonl on resume, so both take one decision."""
-    metric, op, value = parse_join_rule(rule)
-    for r in rows:
-        if metric in r and not r.get("eval_only") and (r[metric] >= value if op == ">=" else r[metric] <= value):
-            return r["iter"]
-    return None
-
-
-def joins_acted(split_join, rows, it):
-    """{split: iteration it joined} for the joins that acted before iteration `it` (a split not listed is
-    in the mix from 0), else None: what a checkpoint at `it` was trained with, and what a resume may
-    not change. A join at `it` itself has not acted: the batch of iteration `it` is drawn after it."""
-    out = {}
-    for name, when in split_join.items():
-        j = join_iteration(rows, when) if isinstance(when, str) else when
-        out[name] = j if j is not None and j < it else None
-    return out
 
 
 def strip_compile_prefix(state_dict):

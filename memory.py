@@ -143,6 +143,19 @@ def fits(p, device_bytes):
     return p.total <= HEADROOM * device_bytes
 
 
+def check_fits(c, world_size, dtype, capacity, show=True):
+    """None if config c's plan fits HEADROOM of a device of `capacity` bytes, else the one line that says why
+    and what to change (train.py stops with it before allocating). show: print the plan."""
+    p = plan(c, world_size, dtype)
+    if show:
+        print(format_plan(p, c, world_size))
+    if p.total <= HEADROOM * capacity:
+        return None
+    return (f"the memory plan needs {p.total / 1e9:.1f} GB per rank, more than 90% of this GPU's "
+            f"{capacity / 1e9:.0f} GB: lower batch_size (raise gradient_accumulation_steps), set "
+            f"activation_checkpointing='block', or pass --memory_check=False to try anyway")
+
+
 def format_plan(p, c, world_size):
     lines = [f"memory plan per rank ({c['recurrence']} K={c['n_loop']}, micro-batch {c['batch_size']} x "
              f"{c['block_size']}, {c['gradient_accumulation_steps']} micro-steps over {world_size} ranks = "

@@ -18,7 +18,8 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from checkpoint import CheckpointError, config_mismatch, early_stop_row, load_checkpoint, model_from_checkpoint, read_metrics
+from checkpoint import CheckpointError, config_mismatch, load_checkpoint, model_from_checkpoint
+from runlog import early_stop_row, read_metrics
 from configurator import ConfigError, configure, die
 from common import DataError, autocast, resolve_dtype, setup, table
 from datafolder import kind_of, read_meta

@@ -183,14 +183,18 @@ class QAData:
 
 
 @torch.no_grad()
-def accuracy(model, X, Y, n_loop=None, batch_size=2048, hook=None, stage1=False, device="cpu", ctx=None):
+def accuracy(model, X, Y, n_loop=None, batch_size=2048, hook=None, stage1=False, device="cpu", ctx=None,
+             should_stop=None):
     """Exact match: a question is right when every answer token is the argmax (teacher-forced).
     Returns (final accuracy, Stage-1 accuracy or None, loss): Stage-1 reads the head off the state
     after loop 1 in the same forward pass; loss is the answer's cross-entropy (no smoothing), summed
-    over its tokens and averaged over questions. `hook` is passed to model.forward (an intervention)."""
+    over its tokens and averaged over questions. `hook` is passed to model.forward (an intervention).
+    None if should_stop() turns true before a batch: a stop request does not wait for the evaluation."""
     ctx = ctx or contextlib.nullcontext()
     right, right1, nll = 0, 0, 0.0
     for i in range(0, len(X), batch_size):
+        if should_stop is not None and should_stop():
+            return None
         x, y = X[i:i + batch_size].to(device), Y[i:i + batch_size].to(device)
         first = {}
 
@@ -213,13 +217,14 @@ def accuracy(model, X, Y, n_loop=None, batch_size=2048, hook=None, stage1=False,
 
 def evaluate_splits(model, data, n_loop=None, batch_size=2048, device="cpu", ctx=None, should_stop=None):
     """{'acc/<split>': final accuracy, 'acc1/<split>': Stage-1 accuracy, 'loss/<split>'} for every
-    split; None if should_stop() turns true between splits (an interrupted evaluation is abandoned)."""
+    split; None if should_stop() turns true before a batch (an interrupted evaluation is abandoned)."""
     out = {}
     for s, (X, Y) in data.splits.items():
-        if should_stop is not None and should_stop():
+        res = accuracy(model, X, Y, n_loop=n_loop, batch_size=batch_size, stage1=True, device=device, ctx=ctx,
+                       should_stop=should_stop)
+        if res is None:
             return None
-        acc, acc1, loss = accuracy(model, X, Y, n_loop=n_loop, batch_size=batch_size, stage1=True,
-                                   device=device, ctx=ctx)
+        acc, acc1, loss = res
         out[f"acc/{s}"], out[f"acc1/{s}"], out[f"loss/{s}"] = round(acc, 5), round(acc1, 5), round(loss, 5)
     return out
 

@@ -14,25 +14,28 @@ accuracy per split at the final loop and at Stage-1) and token shards (dataset='
 on every token, validation loss). Defaults below are the symbolic recipe; config files override.
 """
 import contextlib
+import copy
 import json
 import math
 import os
 import signal
 import sys
+import threading
 import time
 
 import torch
 from torch.distributed import destroy_process_group, init_process_group
 from torch.nn.parallel import DistributedDataParallel as DDP
+from tqdm import tqdm
 
 from common import (DTYPES, DataError, autocast, cpu_has_bf16_flag, model_step_timer, pick_cpu_dtype, resolve_device,
                     resolve_dtype)
 from datafolder import kind_of, load_prepare, read_meta
-from checkpoint import (RESUME_KEYS, CheckpointError, append_metrics, config_mismatch, early_stop_row, join_iteration,
-                        joins_acted, load_checkpoint, lock_run_folder, read_metrics, resume_changes,
-                        save_checkpoint, strip_compile_prefix)
+from checkpoint import (RESUME_KEYS, CheckpointError, config_mismatch, load_checkpoint, resume_changes, save_checkpoint,
+                        strip_compile_prefix)
 from configurator import ConfigError, configure, die, merge, parse_join_rule
 from model import GPT, GPTConfig
+from runlog import RunError, RunLog, joins_changed, lock_run_folder
 from shards import TokenData
 from tasks import QAData
 
@@ -118,28 +121,15 @@ memory_check = True          # on CUDA: print the memory plan and stop before al
 # -----------------------------------------------------------------------------
 config_keys = [k for k, v in globals().items() if k not in _not_config and not k.startswith("_")
                and isinstance(v, (int, float, bool, str, dict))]
-try:
+try:  # every key's one validator runs here (configurator.CHECKS); model keys are GPTConfig's
     globals().update(configure({k: globals()[k] for k in config_keys}, sys.argv[1:], __doc__, __file__))
-except ConfigError as e:
+    GPTConfig.from_dict({**globals(), "vocab_size": vocab_size or max(1, disco_topk)})  # 0 = the dataset's
+except (ConfigError, ValueError) as e:
     die(e)
 config = {k: globals()[k] for k in config_keys}
+
 # -----------------------------------------------------------------------------
-
-try:  # model keys: GPTConfig is their one validator (vocab_size 0 = the dataset's, known once it is loaded)
-    GPTConfig.from_dict({**config, "vocab_size": vocab_size or max(1, disco_topk)})
-except ValueError as e:
-    die(e)
-if os.path.exists(out_dir) and not os.path.isdir(out_dir):
-    die(f"out_dir={out_dir!r} is an existing file, not a folder")
-try:  # fail now, not at the first checkpoint
-    os.makedirs(out_dir, exist_ok=True)
-    with open(os.path.join(out_dir, f".write-test-{os.getpid()}"), "w"):
-        pass
-    os.remove(os.path.join(out_dir, f".write-test-{os.getpid()}"))
-except OSError as e:
-    die(f"out_dir={out_dir!r} is not writable ({e.strerror})")
-
-# distributed setup (nanoGPT's): torchrun sets RANK, LOCAL_RANK and WORLD_SIZE
+# processes and device (nanoGPT's DDP setup: torchrun sets RANK, LOCAL_RANK and WORLD_SIZE)
 ddp = int(os.environ.get("RANK", -1)) != -1
 try:
     device = resolve_device(device)
@@ -161,15 +151,37 @@ global_batch = batch_size * gradient_accumulation_steps
 device_type = "cuda" if device.startswith("cuda") else device.split(":")[0]
 if threads:
     torch.set_num_threads(threads)
+if device_type == "cuda":
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
+# under DDP a signal reaches the ranks at different moments: they agree on stopping, early stopping and joins
+# through a small CPU (gloo) group, so no rank leaves while another waits in a collective
+ctrl_group = torch.distributed.new_group(backend="gloo") if ddp else None
+
+
+def rank0_decides(value):
+    """Rank 0's integer, on every rank (a no-op without DDP)."""
+    t = torch.tensor([int(value)])
+    if ddp:
+        torch.distributed.broadcast(t, src=0, group=ctrl_group)
+    return t.item()
+
+
+def any_rank(flag):
+    """True on every rank when it is true on any: a signal that reached one rank stops them all together."""
+    t = torch.tensor([int(flag)])
+    if ddp:
+        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX, group=ctrl_group)
+    return bool(t.item())
 
 
 # -----------------------------------------------------------------------------
-# data
+# data: the folder says what it is (meta.json's kind); data/<dataset>/prepare.py makes it on first use
 data_dir = os.path.abspath(data_dir)
 try:
     prep = load_prepare(dataset)
-    # prepare on first use, where the prepare script says it is cheap (QA folders: a no-op when this generator
-    # made the folder with this config); a token corpus only when data_args says how (a big job of its own)
+    # where the prepare script says it is cheap (QA folders: a no-op when this generator made the folder with
+    # this config); a token corpus only when data_args says how (a job of its own)
     if master and (prep.ON_FIRST_USE or (data_args and not os.path.exists(os.path.join(data_dir, "meta.json")))):
         prep.prepare(merge(prep.DEFAULTS, {**data_args, "out_dir": data_dir}, "data_args"))
     if ddp:
@@ -178,116 +190,94 @@ try:
     if meta.get("generator", dataset) != dataset:
         raise DataError(f"data_dir={data_dir!r} holds data made by data/{meta['generator']}/prepare.py, "
                         f"not dataset={dataset!r}")
-    # the folder says what it is: one interface for both kinds (vocab_size, config, seq_len, steps_per_epoch,
-    # get_batch, evaluate, metric_names)
+    # one interface for both kinds: vocab_size, config, seq_len, steps_per_epoch, get_batch, evaluate, metric_names
     if kind_of(meta) == "tokens":
         if split_join:
-            die(f"split_join={split_join!r} is for QA datasets; a token corpus has no splits to join: use {{}}")
+            raise DataError(f"split_join={split_join!r} is for QA datasets; a token corpus has no splits to join")
         data = TokenData(data_dir, block_size, eval_iters, seed)
     else:
         data = QAData(data_dir, block_size, {s: None if isinstance(j, str) else j for s, j in split_join.items()})
         first = int((data.row_join == 0).sum())  # the examples in the mix at iteration 0
-        if batch_size * gradient_accumulation_steps > first:
-            die(f"batch_size={batch_size} x gradient_accumulation_steps={gradient_accumulation_steps} is more than "
-                f"the {first} training examples in the mix at iteration 0 of '{data_dir}': allowed at most {first}")
+        if global_batch > first:
+            raise DataError(f"batch_size={batch_size} x gradient_accumulation_steps={gradient_accumulation_steps} is "
+                            f"more than the {first} training examples in the mix at iteration 0 of '{data_dir}': "
+                            f"allowed at most {first}")
 except (DataError, ConfigError) as e:
     die(e)
-data_vocab, data_config = data.vocab_size, data.config
+val_metrics = [m for m in data.metric_names if "val" in m]
+rule_joins = {s: j for s, j in split_join.items() if isinstance(j, str)}  # splits a validation metric lets in
+for name, rule in rule_joins.items():
+    if parse_join_rule(rule)[0] not in data.metric_names:
+        die(f"split_join[{name!r}]={rule!r}: {parse_join_rule(rule)[0]!r} is not a metric of this dataset (e.g. {val_metrics})")
+if stop_metric and stop_metric not in data.metric_names:
+    die(f"stop_metric={stop_metric!r} is not among this dataset's metrics: {val_metrics}")
 if pos_shift and data.seq_len + pos_shift > block_size:
     die(f"pos_shift={pos_shift} with training sequences of {data.seq_len} tokens needs block_size >= "
         f"{data.seq_len + pos_shift}, not {block_size}")
-if stop_metric and stop_metric not in data.metric_names:
-    die(f"stop_metric={stop_metric!r} is not among this dataset's metrics: "
-        f"{[m for m in data.metric_names if 'val' in m]}")
-rule_joins = {s: j for s, j in split_join.items() if isinstance(j, str)}  # splits a validation metric lets in
-for name, rule in rule_joins.items():
-    metric = parse_join_rule(rule)[0]  # a well-formed rule that can hold (configurator); here: this dataset's?
-    if metric not in data.metric_names:
-        die(f"split_join[{name!r}]={rule!r}: {metric!r} is not a metric of this dataset "
-            f"(e.g. {[m for m in data.metric_names if 'val' in m]})")
-if vocab_size and vocab_size < data_vocab:
-    die(f"vocab_size={vocab_size} is smaller than the dataset's vocabulary ({data_vocab})")
-vocab_size = vocab_size or data_vocab
-config["vocab_size"] = vocab_size
+if vocab_size and vocab_size < data.vocab_size:
+    die(f"vocab_size={vocab_size} is smaller than the dataset's vocabulary ({data.vocab_size})")
+vocab_size = config["vocab_size"] = vocab_size or data.vocab_size
 
 # -----------------------------------------------------------------------------
-# model, optimizer, checkpoint
-model_fields = list(GPTConfig.__dataclass_fields__)
-ckpt_path, metrics_path = os.path.join(out_dir, "ckpt.pt"), os.path.join(out_dir, "metrics.jsonl")
-iter_num, ckpt, elapsed, cpu_elapsed = 0, None, 0.0, 0.0
-if master:
-    try:  # one run per out_dir; a second one stops here, naming the holder
-        run_lock = lock_run_folder(out_dir)
-    except CheckpointError as e:
-        die(e)
+# the run folder: one run at a time; a resume continues only what its checkpoint was trained with
+if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+    die(f"out_dir={out_dir!r} is an existing file, not a folder")
+try:  # fail now, not at the first checkpoint
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, f".write-test-{os.getpid()}"), "w"):
+        pass
+    os.remove(os.path.join(out_dir, f".write-test-{os.getpid()}"))
+    run_lock = lock_run_folder(out_dir) if master else None  # a second run on out_dir stops here, naming the holder
+except (OSError, RunError) as e:
+    die(e if isinstance(e, RunError) else f"out_dir={out_dir!r} is not writable ({e.strerror})")
+ckpt_path, log = os.path.join(out_dir, "ckpt.pt"), RunLog(out_dir)
 if init_from == "scratch" and not eval_only and not overwrite and os.path.exists(ckpt_path):
     die(f"out_dir '{out_dir}' already holds a checkpoint: continue it with --init_from=resume, "
         "or start over with --overwrite=True (replaces ckpt.pt and metrics.jsonl)")
-rows = read_metrics(metrics_path) if init_from == "resume" or eval_only else []  # the run so far (trimmed below)
+model_fields = list(GPTConfig.__dataclass_fields__)
+ckpt, iter_num, changes = None, 0, {}
 if init_from == "resume" or eval_only:  # eval_only evaluates the checkpoint in out_dir
+    log.read()
     try:
         ckpt = load_checkpoint(ckpt_path, required=RESUME_KEYS)
     except CheckpointError as e:
         die(e)
     changes, why = resume_changes(ckpt["config"], config, ckpt.get("dtype"))
     why = why or config_mismatch(ckpt["model_args"], config, model_fields) \
-        or config_mismatch(ckpt.get("data_config", {}), data_config, list(data_config))
-    # a curriculum may be changed where it has not acted yet: every join at or after the resume point
-    saved_join = ckpt["config"].get("split_join", {})
-    was, now = (joins_acted(j, rows, ckpt["iter_num"]) for j in (saved_join, split_join))  # rows: where rules fired
-    if not why and any(was.get(s, 0) != now.get(s, 0) for s in set(was) | set(now)):  # not listed: in from 0
-        why = (f"split_join: the checkpoint (iteration {ckpt['iter_num']}) was trained with {saved_join!r}, "
-               f"now {split_join!r}; only joins at or after iteration {ckpt['iter_num']} may change")
+        or config_mismatch(ckpt.get("data_config", {}), data.config, list(data.config)) \
+        or joins_changed(ckpt["config"].get("split_join", {}), split_join, log.rows, ckpt["iter_num"])
     if why:
         die(f"cannot resume from {ckpt_path}: {why}")
     iter_num = ckpt["iter_num"]
-    elapsed = ckpt.get("elapsed", 0.0)  # wall time of the earlier sessions, so "time" reads as one run
-    cpu_elapsed = ckpt.get("cpu_elapsed", 0.0)  # and their CPU time
+
+# -----------------------------------------------------------------------------
+# model, precision, optimizers
 if dtype == "auto" and ckpt is not None and ckpt.get("dtype"):
     dtype = ckpt["dtype"]  # a resumed run keeps the precision it started with (bit-identical resume)
 elif dtype == "auto" and device_type != "cpu":
-    dtype = resolve_dtype("auto", device)  # a GPU: bf16 where it has it (on a CPU: timed below, on this model)
-if device_type == "cuda":
-    torch.backends.cuda.matmul.allow_tf32 = True
-    torch.backends.cudnn.allow_tf32 = True
-
+    dtype = resolve_dtype("auto", device)  # a GPU: bf16 where it has it (a CPU: timed below, on this model)
+if device_type == "cuda" and memory_check:  # measured with fake tensors: an OOM-bound config stops here, not at step 1
+    from memory import check_fits
+    why = check_fits(config, world_size, DTYPES[dtype], torch.cuda.get_device_properties(device).total_memory, master)
+    if why:
+        die(why)
 torch.manual_seed(seed)  # same initial weights on every rank (DDP also broadcasts rank 0's)
-try:
-    gpt_config = GPTConfig.from_dict(config)  # the config keys that are GPTConfig fields
-except ValueError as e:
-    die(e)
 model_args = {k: config[k] for k in model_fields}  # stored in checkpoints
-ptdtype = DTYPES.get(dtype, torch.bfloat16)  # what the memory plan assumes ('auto' is a CPU, where there is none)
-if device_type == "cuda" and memory_check:
-    # measured with fake tensors (nothing allocated), so an OOM-bound config stops here, not at step 1
-    from memory import HEADROOM, format_plan, plan
-    mem_plan = plan(config, world_size, ptdtype)
-    capacity = torch.cuda.get_device_properties(device).total_memory
-    if master:
-        print(format_plan(mem_plan, config, world_size))
-    if mem_plan.total > HEADROOM * capacity:
-        die(f"the memory plan needs {mem_plan.total / 1e9:.1f} GB per rank, more than 90% of this GPU's "
-            f"{capacity / 1e9:.0f} GB: lower batch_size (raise gradient_accumulation_steps), set "
-            f"activation_checkpointing='block', or pass --memory_check=False to try anyway")
-model = GPT(gpt_config)
+model = GPT(GPTConfig.from_dict(config))
 if ckpt is not None:
     model.load_state_dict(strip_compile_prefix(ckpt["model"]))
 model.to(device)
 dtype_seconds = {}
 if dtype == "auto":  # a CPU: bf16 only where THIS model's training step is measured >= 1.25x faster (common.py)
     # rank 0 measures (ranks timing at once would load the same cores) on the first micro-batch; all follow
-    x, y = data.get_batch(0, global_batch, 0, gradient_accumulation_steps, seed)  # one micro-batch
+    x, y = data.get_batch(0, global_batch, 0, gradient_accumulation_steps, seed)
     timer = model_step_timer(model, x.to(device), y.to(device))
-    choice = torch.tensor([list(DTYPES).index(pick_cpu_dtype(cpu_has_bf16_flag(), timer)) if master else 0])
-    if ddp:
-        torch.distributed.broadcast(choice, 0)
-    dtype, dtype_seconds = list(DTYPES)[choice.item()], timer.seconds
-ptdtype = DTYPES[dtype]
+    choice = list(DTYPES).index(pick_cpu_dtype(cpu_has_bf16_flag(), timer)) if master else 0
+    dtype, dtype_seconds = list(DTYPES)[rank0_decides(choice)], timer.seconds
 ctx = autocast(device, dtype)
-
-
 optimizers = model.configure_optimizers(optimizer, learning_rate, weight_decay, (beta1, beta2), adam_eps,
                                         muon_momentum, fused=device_type == "cuda")
+ema = copy.deepcopy(model).requires_grad_(False) if ema_decay > 0 else None  # weight average: evaluated, probed
 if ckpt is not None:
     if not eval_only and (len(ckpt["optimizers"]) != len(optimizers) or not all(s.get("state") for s in ckpt["optimizers"])):
         die(f"cannot resume from {ckpt_path}: it holds no optimizer state for this run's {len(optimizers)} "
@@ -297,13 +287,8 @@ if ckpt is not None:
     torch.set_rng_state(ckpt["rng_cpu"])
     if device_type == "cuda" and "rng_cuda" in ckpt:
         torch.cuda.set_rng_state(ckpt["rng_cuda"])
-ema = None
-if ema_decay > 0:  # weight averaging: smooths the late-training swings of OOD accuracy
-    import copy
-    ema = copy.deepcopy(model).requires_grad_(False)
-    if ckpt is not None and "ema" in ckpt:
+    if ema is not None and "ema" in ckpt:
         ema.load_state_dict(ckpt["ema"])
-    ema_params, model_params = list(ema.parameters()), list(model.parameters())
 scaler = torch.amp.GradScaler(device_type, enabled=(dtype == "float16"))
 raw_model = model
 if compile:
@@ -313,11 +298,15 @@ if compile:
 if ddp:
     # gradient_as_bucket_view: the gradients live in DDP's buckets, no second fp32 copy (the memory plan counts one)
     model = DDP(model, device_ids=[local_rank] if device_type == "cuda" else None, gradient_as_bucket_view=True)
-last = ckpt.get("last", {}) if ckpt is not None else {}  # restored, so rows after a resume have loss/lr
+# carried across a resume: wall and CPU time of earlier sessions (so "time" reads as one run), the latest
+# loss/lr (so rows written right after a resume have them)
+elapsed, cpu_elapsed = (ckpt.get("elapsed", 0.0), ckpt.get("cpu_elapsed", 0.0)) if ckpt is not None else (0.0, 0.0)
+last = ckpt.get("last", {}) if ckpt is not None else {}
 del ckpt
 
 
 def get_lr(it):
+    """Linear warmup, then cosine or linear decay to min_lr at lr_decay_iters (or constant)."""
     if not decay_lr:
         return learning_rate
     if it < warmup_iters:
@@ -329,178 +318,78 @@ def get_lr(it):
     return min_lr + coeff * (learning_rate - min_lr)
 
 
-def get_batch(it, micro):
-    x, y = data.get_batch(it, global_batch, rank * accum_local + micro, gradient_accumulation_steps, seed)  # (B, T) each
-    if device_type == "cuda":
-        return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
-    return x.to(device), y.to(device)
-
-
-slow_eval = float(os.environ.get("DISCOLOOP_TEST_SLOW_EVAL", 0))  # seconds per piece: lets tests interrupt an evaluation
-
-
 @torch.no_grad()
-def evaluate():
-    """Metrics of the EMA (or raw) weights, or None when a stop request arrives meanwhile: a SIGTERM
-    does not wait for a long evaluation (the resumed run evaluates this iteration instead)."""
-    m = ema if ema is not None else raw_model
+def evaluate(m, stop):
+    """Metrics of model m (the EMA when there is one), or None when a stop request arrives meanwhile: a
+    SIGTERM does not wait for a long evaluation (the resumed run evaluates this iteration instead)."""
     m.eval()
-    out = data.evaluate(m, eval_batch_size, device=device, ctx=ctx,
-                        should_stop=lambda: time.sleep(slow_eval) or stop_requested)
+    out = data.evaluate(m, eval_batch_size, device=device, ctx=ctx, should_stop=stop.is_set)
     m.train()
     return out
 
 
-def checkpoint_obj():
-    obj = {"model": raw_model.state_dict(), "optimizers": [o.state_dict() for o in optimizers],
-           "model_args": model_args, "config": config, "data_config": data_config,
-           "iter_num": iter_num, "dtype": dtype, "elapsed": round(time.time() - t_start, 2),
-           "cpu_elapsed": round(time.process_time() - cpu_start, 2), "rng_cpu": torch.get_rng_state(),
-           "last": last}  # the latest loss/lr/throughput, so rows written right after a resume have them
-    if device_type == "cuda":
-        obj["rng_cuda"] = torch.cuda.get_rng_state()
-    if ema is not None:
-        obj["ema"] = ema.state_dict()
-    return obj
+def forward_backward(m, x, y, ctx, scaler, accum, no_sync):
+    """One micro-batch: the loss (a scalar: no (B, T, V) logits are ever built) and its gradients, accumulated;
+    no_sync: DDP keeps them local (they are all-reduced on the last micro-step)."""
+    with m.no_sync() if no_sync else contextlib.nullcontext():
+        with ctx:
+            loss = m(x, y)[1] / accum
+        scaler.scale(loss).backward()
+    return loss.detach().float()
 
 
-# metrics.jsonl: on resume drop entries written after the checkpoint, so the file reads as one run
+def nonfinite_anywhere(flag, params):
+    """True if a loss or gradient was flagged non-finite on the device, or a weight is (one host sync)."""
+    bad = flag | ~torch.isfinite(torch.stack(torch._foreach_norm(params))).all()
+    if ddp:
+        bad = bad.to(torch.int32)
+        torch.distributed.all_reduce(bad, op=torch.distributed.ReduceOp.MAX)
+    return bool(bad.item())
+
+
+def stop_nonfinite(it, saved_at):
+    kept = (f"the last good checkpoint ({ckpt_path}, iteration {saved_at}) is kept" if saved_at >= 0
+            else "no checkpoint was written")
+    die(f"loss, gradients or weights became non-finite before iteration {it}; stopping, {kept} "
+        "(try a lower learning_rate or dtype=float32)")
+
+
+# -----------------------------------------------------------------------------
+# the run starts: metrics.jsonl trimmed to the checkpoint, config.json with this resume, a signal handler
+steps_per_epoch = data.steps_per_epoch(global_batch)  # 0 for token shards: a budget, not epochs
+tokens_per_iter = global_batch * data.seq_len
+flops_per_iter = raw_model.flops_per_token(data.seq_len) * tokens_per_iter
 if master and not eval_only:  # eval_only changes no file but the row it appends
-    if init_from == "scratch" and os.path.exists(metrics_path):
-        os.remove(metrics_path)  # only reached with overwrite=True (or no checkpoint yet)
-    elif os.path.exists(metrics_path):
-        rows = [r for r in rows if r.get("iter", -1) <= iter_num]
-        tmp = f"{metrics_path}.tmp-{os.getpid()}"
-        with open(tmp, "w") as f:
-            f.writelines(json.dumps(r) + "\n" for r in rows)
-        os.replace(tmp, metrics_path)
-    # config.json: the config the weights are trained with, and every resume with what it changed
-    resumes = []
-    if init_from == "resume" and os.path.exists(os.path.join(out_dir, "config.json")):
-        with contextlib.suppress(OSError, ValueError, AttributeError):
-            with open(os.path.join(out_dir, "config.json")) as f:
-                resumes = list(json.load(f).get("resumes", []))
-    if init_from == "resume":
-        resumes.append({"iter": iter_num, "at": time.strftime("%Y-%m-%d %H:%M:%S"), "changed": changes})
-    tmp = os.path.join(out_dir, f"config.json.tmp-{os.getpid()}")
-    with open(tmp, "w") as f:
-        json.dump({**config, "dtype_resolved": dtype, "dtype_seconds": dtype_seconds, "resumes": resumes}, f, indent=1)
-    os.replace(tmp, os.path.join(out_dir, "config.json"))
+    log.start(iter_num, config, resumed=init_from == "resume", changes=changes, dtype_resolved=dtype,
+              dtype_seconds=dtype_seconds)
     print(f"{recurrence} K={n_loop}: {raw_model.get_num_params() / 1e6:.3f}M parameters, device {device}, dtype {dtype}"
           + (f", world size {world_size}" if ddp else ""))
+    if not steps_per_epoch:  # a token budget: say what a step and the run are worth
+        print(f"tokens per iteration {tokens_per_iter:,} ({world_size} processes x {accum_local} micro-steps x "
+              f"{batch_size} x {block_size}); {max_iters} iterations = {tokens_per_iter * max_iters:,} tokens")
 if wandb_log and master:
     import wandb
     try:
         wandb.init(project=wandb_project, name=wandb_run_name, config=config, resume="allow")
     except Exception as e:  # no login, no network: say so before any training, not as wandb's traceback
-        die(f"wandb_log=True but wandb could not start ({type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:160]}): "
-            "run `wandb login`, set WANDB_MODE=offline, or pass --wandb_log=False")
-
-stop_requested = False
+        die(f"wandb_log=True but wandb could not start ({type(e).__name__}: "
+            f"{(str(e).strip().splitlines() or [''])[0][:160]}): run `wandb login`, set WANDB_MODE=offline, "
+            "or pass --wandb_log=False")
+stop = threading.Event()  # set by SIGTERM / Ctrl-C: finish the step (or abandon an evaluation), save, exit 0
 
 
 def request_stop(signum, frame):
-    """SIGTERM / Ctrl-C: finish the step (or abandon an evaluation), save, exit 0. A second one: exit now."""
-    global stop_requested
-    if stop_requested:
+    if stop.is_set():  # a second signal: exit now
         os.write(2, f"error: second {signal.Signals(signum).name}: exiting at once without saving; the last "
                     f"checkpoint on disk is intact\n".encode())
         os._exit(130)
-    stop_requested = True
+    stop.set()
 
 
 signal.signal(signal.SIGTERM, request_stop)
 signal.signal(signal.SIGINT, request_stop)
-# under DDP a signal reaches the ranks at different moments: they agree on stopping through a small
-# CPU (gloo) all-reduce each step, so no rank leaves while another waits in a collective
-ctrl_group = torch.distributed.new_group(backend="gloo") if ddp else None
-
-
-def agreed_stop():
-    if not ddp:
-        return stop_requested
-    flag = torch.tensor([int(stop_requested)])
-    torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX, group=ctrl_group)
-    return bool(flag.item())
-
-# -----------------------------------------------------------------------------
-steps_per_epoch = data.steps_per_epoch(global_batch)  # 0 for token shards: a budget, not epochs
-seq_len = data.seq_len
-tokens_per_iter = global_batch * seq_len
-flops_per_iter = raw_model.flops_per_token(seq_len) * tokens_per_iter
-if master and not steps_per_epoch:  # a token budget: say what a step and the run are worth
-    print(f"tokens per iteration {tokens_per_iter:,} ({world_size} processes x {accum_local} micro-steps x "
-          f"{batch_size} x {block_size}); {max_iters} iterations = {tokens_per_iter * max_iters:,} tokens")
-bar = None
-if master:
-    from tqdm import tqdm
-    bar = tqdm(total=max_iters, initial=iter_num, dynamic_ncols=True, disable=None, mininterval=1.0)
-
-
-def micro_step(x, y):
-    global loss_sum
-    sync = contextlib.nullcontext() if (not ddp or micro == accum_local - 1) else model.no_sync()
-    with sync:
-        with ctx:
-            _, loss = model(x, y)  # x, y: (B, T) tokens and targets; loss: a scalar (no (B, T, V) logits)
-            loss = loss / accum_local
-        scaler.scale(loss).backward()
-    loss_sum += loss.detach().float()
-
-
-def check_finite():
-    """Stop if a loss or gradient went non-finite or the weights did. Called before every save, so
-    no checkpoint ever holds poisoned weights (one host sync: only when logging or saving)."""
-    bad = nonfinite | ~torch.isfinite(torch.stack(torch._foreach_norm(list(raw_model.parameters())))).all()
-    if ddp:
-        bad = bad.to(torch.int32)
-        torch.distributed.all_reduce(bad, op=torch.distributed.ReduceOp.MAX)
-    if bad.item():
-        kept = (f"the last good checkpoint ({ckpt_path}, iteration {saved_at}) is kept" if saved_at >= 0
-                else "no checkpoint was written")
-        die(f"loss, gradients or weights became non-finite before iteration {iter_num}; stopping, {kept} "
-            "(try a lower learning_rate or dtype=float32)")
-
-
-nonfinite = torch.zeros((), dtype=torch.bool, device=device)  # set on device, read only by check_finite
-compiled_once = False
-t0, t_start = time.time(), time.time() - elapsed
-cpu_start = time.process_time() - cpu_elapsed  # CPU seconds of this process (all its threads): budgets on a shared machine
-# the resumed iteration's evaluation is in metrics.jsonl, unless a stop abandoned it: then it runs now
-# (an --eval_only row does not count: the curriculum and early-stop rules read only the run's own rows)
-evaluated_at = iter_num if any(r.get("iter") == iter_num and not r.get("eval_only") for r in rows) else -1
-saved_at = iter_num if init_from == "resume" else -1  # the iteration in ckpt.pt (-1: none yet)
-early_stopped = False
-
-
-def apply_rule_joins():
-    """Let in every split whose rule has held at an evaluation so far. Read from the rows of
-    metrics.jsonl, so a resumed run joins where the uninterrupted one did; rank 0 decides, all follow."""
-    if not rule_joins:
-        return
-    fired = [join_iteration(rows, rule) if master else None for rule in rule_joins.values()]
-    its = torch.tensor([-1 if j is None else j for j in fired])
-    if ddp:
-        torch.distributed.broadcast(its, src=0, group=ctrl_group)
-    for (name, rule), j in zip(rule_joins.items(), its.tolist()):
-        if j >= 0 and data.split_join[name] is None:
-            data.set_join(name, j)
-            if master:
-                print(f"{name} joins the mix at iteration {j} ({rule} held there)")
-
-
-apply_rule_joins()  # a resumed run: the joins its rows already decided
-
-
-def out_of_patience():
-    """True when stop_metric has not improved for stop_patience evaluations. Read from the rows of
-    metrics.jsonl, so a resumed run takes the same decision as an uninterrupted one."""
-    i = early_stop_row(rows, stop_metric, stop_patience) if stop_metric else None
-    if i is None:
-        return False
-    print(f"early stop at iteration {iter_num}: {stop_metric} has not improved in {stop_patience} evaluations "
-          f"(stop decided at iteration {rows[i]['iter']})")
-    return True
+bar = tqdm(total=max_iters, initial=iter_num, dynamic_ncols=True, disable=None, mininterval=1.0) if master else None
+t0, t_start, cpu_start = time.time(), time.time() - elapsed, time.process_time() - cpu_elapsed
 
 
 def log_row(metrics):
@@ -508,55 +397,77 @@ def log_row(metrics):
     if steps_per_epoch:
         row["epoch"] = round(iter_num / steps_per_epoch, 2)
     row |= metrics | last
-    append_metrics(metrics_path, row)
-    rows.append(row)
+    log.append(row)
     if wandb_log:
         wandb.log(row, step=iter_num)
-    bar.set_postfix({k.replace("acc/", ""): v for k, v in row.items()
-                     if k.startswith("acc/test") or k == "val_loss"}, refresh=False)
+    bar.set_postfix({k.replace("acc/", ""): v for k, v in row.items() if k.startswith("acc/test") or k == "val_loss"},
+                    refresh=False)
     bar.write(json.dumps(row))
 
 
 if eval_only:  # evaluate the checkpoint in out_dir, append one row, change nothing else
-    if master:
-        metrics = evaluate()
-        if metrics is not None:
-            log_row({"eval_only": True} | metrics)
+    metrics = evaluate(ema if ema is not None else raw_model, stop) if master else None
+    if metrics is not None:
+        log_row({"eval_only": True} | metrics)
     if ddp:
         destroy_process_group()
     sys.exit(0)
 
+nonfinite = torch.zeros((), dtype=torch.bool, device=device)  # set on the device, read when logging or saving
+saved_at = iter_num if init_from == "resume" else -1  # the iteration in ckpt.pt (-1: none yet)
+compiled_once, first_pass = False, True
+eval_model = ema if ema is not None else raw_model  # evaluation and probes read the weight average
 while True:
-    stop = agreed_stop()  # every rank takes the same decision at the same step
-    # ---- once in a while: evaluate, save, and stop when asked or done ----
+    # ---- once in a while: evaluate, decide (joins, early stop), save, and stop when asked or done ----
+    stopping = any_rank(stop.is_set())  # every rank takes the same decision at the same step
     at_eval = iter_num % eval_interval == 0 or iter_num >= max_iters
-    if at_eval or stop:
-        check_finite()  # never evaluate or save poisoned weights
-        if master and at_eval and not stop and iter_num != evaluated_at:
-            metrics = evaluate()  # None if a stop request arrived meanwhile: it is not waited for
+    early_stopped = False
+    if at_eval or stopping:
+        if nonfinite_anywhere(nonfinite, list(raw_model.parameters())):  # never evaluate or save poisoned weights
+            stop_nonfinite(iter_num, saved_at)
+        # the resumed iteration's evaluation is in metrics.jsonl, unless a stop abandoned it: then it runs now
+        if master and at_eval and not stopping and not log.evaluated(iter_num):
+            metrics = evaluate(eval_model, stop)  # None if a stop request arrived meanwhile
             if metrics is not None:
                 log_row(metrics)
-                evaluated_at = iter_num
-        stop = stop or (not ddp and stop_requested)
+        stopping = stopping or (not ddp and stop.is_set())
         if at_eval and stop_metric:  # rank 0 evaluated: it decides, every rank follows at this same step
-            early = torch.tensor([int(master and out_of_patience())])
-            if ddp:
-                torch.distributed.broadcast(early, src=0, group=ctrl_group)
-            early_stopped = bool(early.item())
-        if at_eval:
-            apply_rule_joins()
+            row = log.early_stop(stop_metric, stop_patience) if master else None
+            if row is not None:
+                print(f"early stop at iteration {iter_num}: {stop_metric} has not improved in {stop_patience} "
+                      f"evaluations (stop decided at iteration {row['iter']})")
+            early_stopped = bool(rank0_decides(row is not None))
+    if (at_eval or first_pass) and rule_joins:  # from the rows (rank 0's; all follow): a resume joins as before
+        fired = log.fired_joins(rule_joins) if master else {}
+        for name in rule_joins:
+            j = rank0_decides(fired.get(name, -1))
+            if j >= 0 and data.split_join[name] is None:
+                data.set_join(name, j)
+                if master:
+                    print(f"{name} joins the mix at iteration {j} ({rule_joins[name]} held there)")
+    if at_eval or stopping:
         if master and iter_num > 0 and iter_num != saved_at:
+            obj = {"model": raw_model.state_dict(), "optimizers": [o.state_dict() for o in optimizers],
+                   "model_args": model_args, "config": config, "data_config": data.config, "iter_num": iter_num,
+                   "dtype": dtype, "elapsed": round(time.time() - t_start, 2),
+                   "cpu_elapsed": round(time.process_time() - cpu_start, 2), "rng_cpu": torch.get_rng_state(),
+                   "last": last}
+            if device_type == "cuda":
+                obj["rng_cuda"] = torch.cuda.get_rng_state()
+            if ema is not None:
+                obj["ema"] = ema.state_dict()
             try:
-                save_checkpoint(checkpoint_obj(), ckpt_path)
+                save_checkpoint(obj, ckpt_path)
             except CheckpointError as e:
                 die(e)
             saved_at = iter_num
-        if iter_num >= max_iters or stop or early_stopped:
-            if master and stop:
+        if iter_num >= max_iters or stopping or early_stopped:
+            if master and stopping:
                 print(f"stopped at iteration {iter_num}; " + (
                     "checkpoint saved, continue with --init_from=resume" if saved_at == iter_num else
                     "no checkpoint was written yet (nothing to resume)"))
             break
+    first_pass = False
 
     # ---- one optimization step: gradients accumulated over micro-batches, no host sync ----
     lr = get_lr(iter_num)
@@ -565,24 +476,28 @@ while True:
             group["lr"] = lr
     loss_sum = torch.zeros((), device=device)  # summed on the device; read back only when logging
     for micro in range(accum_local):
-        x, y = get_batch(iter_num, micro)  # this rank's micro-batch: (batch_size, seq_len) each
+        # this rank's micro-batch: (batch_size, seq_len) tokens and targets
+        x, y = data.get_batch(iter_num, global_batch, rank * accum_local + micro, gradient_accumulation_steps, seed)
+        if device_type == "cuda":
+            x, y = x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
+        x, y = x.to(device), y.to(device)
+        last_micro = micro == accum_local - 1  # DDP all-reduces the gradients on the last micro-step only
         try:
-            micro_step(x, y)
+            loss_sum += forward_backward(model, x, y, ctx, scaler, accum_local, ddp and not last_micro)
         except Exception as e:  # the first step compiles: say why it failed, then run eager
             if isinstance(e, torch.OutOfMemoryError) or "can't allocate memory" in str(e):
-                die(f"out of memory in the training step (batch_size={batch_size} x block_size={block_size} per "
-                    "micro-step): lower batch_size and raise gradient_accumulation_steps, or set "
+                die(f"out of memory in the training step (batch_size={batch_size} x block_size={block_size} "
+                    "per micro-step): lower batch_size and raise gradient_accumulation_steps, or set "
                     "activation_checkpointing='block'")
             if not compile or compiled_once:
                 raise
+            why = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:200]}"
             if ddp:
-                die(f"torch.compile failed ({type(e).__name__}: {str(e).strip().splitlines()[0][:200]}); "
-                    "rerun with --compile=False")
-            print(f"warning: torch.compile failed ({type(e).__name__}: {str(e).strip().splitlines()[0][:200]}); "
-                  "running eager", file=sys.stderr)
+                die(f"torch.compile failed ({why}); rerun with --compile=False")
+            print(f"warning: torch.compile failed ({why}); running eager", file=sys.stderr)
             model = raw_model
             raw_model.zero_grad(set_to_none=True)
-            micro_step(x, y)
+            loss_sum += forward_backward(model, x, y, ctx, scaler, accum_local, False)
         compiled_once = True
     if grad_clip > 0:
         for opt in optimizers:
@@ -596,7 +511,7 @@ while True:
         opt.zero_grad(set_to_none=True)
     if ema is not None:
         with torch.no_grad():
-            torch._foreach_lerp_(ema_params, model_params, 1 - ema_decay)
+            torch._foreach_lerp_(list(ema.parameters()), list(raw_model.parameters()), 1 - ema_decay)
     iter_num += 1
     if master:
         bar.update(1)
@@ -606,16 +521,15 @@ while True:
         if ddp:  # every rank logs the same number
             torch.distributed.all_reduce(loss_sum)
             loss_sum /= world_size
-        check_finite()
-        loss_val = loss_sum.item()
-        dt = (time.time() - t0) / log_interval
-        t0 = time.time()
-        last = {"loss": round(loss_val, 5), "lr": lr, "tok_per_s": round(tokens_per_iter / dt),
+        if nonfinite_anywhere(nonfinite, list(raw_model.parameters())):
+            stop_nonfinite(iter_num, saved_at)
+        dt, t0 = (time.time() - t0) / log_interval, time.time()
+        last = {"loss": round(loss_sum.item(), 5), "lr": lr, "tok_per_s": round(tokens_per_iter / dt),
                 "tflops": round(flops_per_iter / dt / world_size / 1e12, 4)}
         if peak_flops:
             last["mfu"] = round(flops_per_iter / dt / world_size / peak_flops, 4)
         if master:
-            bar.set_description(f"loss {loss_val:.4f}", refresh=False)
+            bar.set_description(f"loss {last['loss']:.4f}", refresh=False)
 
 # the work is saved: a signal arriving during teardown (e.g. a cluster's SIGTERM to every rank after one
 # rank's stop was agreed) must not turn a clean exit into a kill

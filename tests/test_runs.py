@@ -10,7 +10,8 @@ import time
 import pytest
 import torch
 
-from checkpoint import CheckpointError, read_metrics, save_checkpoint
+from checkpoint import CheckpointError, save_checkpoint
+from runlog import read_metrics
 from conftest import REPO, run, tiny_train_args
 
 
@@ -92,12 +93,31 @@ def test_eval_only_evaluates_the_checkpoint_and_writes_no_weights(tiny_data, tmp
     assert r.returncode == 2 and "not found" in r.stderr
 
 
-def test_stop_at_an_evaluation_boundary_keeps_the_row(tiny_data, tmp_path):
+SLOW = {"n_entities": 150, "n_relations": 8, "out_degree": 6, "n_train": 1500, "n_test": 1500, "n_val": 1500}
+
+
+@pytest.fixture(scope="module")
+def slow_data(tmp_path_factory):
+    """A graph whose evaluation takes seconds at --eval_batch_size=1 (7,800 questions, one forward each, a
+    stop request checked before each): room to send signals during an evaluation, with no test hook."""
+    out = str(tmp_path_factory.mktemp("slow") / "sym")
+    r = run(["data/symbolic/prepare.py", f"--out_dir={out}"] + [f"--{k}={v}" for k, v in SLOW.items()])
+    assert r.returncode == 0, r.stderr
+    return out
+
+
+def slow_args(data, out, *extra):
+    args = [a for a in tiny_train_args(data, out, *extra) if not a.startswith(("--data_args", "--eval_batch_size"))]
+    return args + [f"--data_args={SLOW}"] + ([] if any(a.startswith("--eval_batch_size") for a in extra)
+                                             else ["--eval_batch_size=1"])
+
+
+def test_stop_at_an_evaluation_boundary_keeps_the_row(slow_data, tmp_path):
     """SIGTERM during an evaluation abandons it at once; the resumed run evaluates that iteration,
     and rows right after a resume carry loss and lr."""
     out = str(tmp_path / "run")
     slow = ["--eval_interval=10", "--max_iters=30", "--log_interval=5"]
-    p = start(tiny_train_args(tiny_data, out, *slow), DISCOLOOP_TEST_SLOW_EVAL="0.5")
+    p = start(slow_args(slow_data, out, *slow))
     wait_for(os.path.join(out, "ckpt.pt"), p)  # iteration 10 saved: the evaluation of 20 comes next
     while not any(r["iter"] == 10 for r in rows(out)):
         time.sleep(0.05)
@@ -107,19 +127,19 @@ def test_stop_at_an_evaluation_boundary_keeps_the_row(tiny_data, tmp_path):
     stdout, stderr = p.communicate(timeout=60)
     assert p.returncode == 0 and "checkpoint saved" in stdout, stderr
     assert time.time() - t < 30
-    r = run(tiny_train_args(tiny_data, out, *slow, "--init_from=resume"))
+    r = run(slow_args(slow_data, out, *slow, "--init_from=resume", "--eval_batch_size=2048"))  # may change on resume
     assert r.returncode == 0, r.stderr
     its = [r["iter"] for r in rows(out)]
     assert its == sorted(set(its)) and {0, 10, 20, 30} <= set(its), its
     assert all("loss" in r and "lr" in r for r in rows(out) if r["iter"] > 0)
 
 
-def test_stop_during_the_first_evaluation_claims_no_checkpoint(tiny_data, tmp_path):
+def test_stop_during_the_first_evaluation_claims_no_checkpoint(slow_data, tmp_path):
     out = str(tmp_path / "run")
-    p = start(tiny_train_args(tiny_data, out, "--max_iters=100000"), DISCOLOOP_TEST_SLOW_EVAL="0.5", PYTHONUNBUFFERED="1")
+    p = start(slow_args(slow_data, out, "--max_iters=100000"), PYTHONUNBUFFERED="1")
     while "parameters" not in p.stdout.readline():  # imports and data done (a fixed sleep raced them on a busy machine)
         assert p.poll() is None, p.communicate()
-    time.sleep(1.5)  # the signal handlers are set, the (slowed) iteration-0 evaluation is under way
+    time.sleep(0.5)  # the signal handlers are set, the (seconds-long) iteration-0 evaluation is under way
     p.send_signal(signal.SIGINT)
     stdout, stderr = p.communicate(timeout=60)
     assert p.returncode == 0, stderr
@@ -127,12 +147,14 @@ def test_stop_during_the_first_evaluation_claims_no_checkpoint(tiny_data, tmp_pa
     assert ("checkpoint saved" in stdout) == saved and ("no checkpoint was written" in stdout) == (not saved)
 
 
-def test_second_interrupt_stops_at_once(tiny_data, tmp_path):
+def test_second_interrupt_stops_at_once(slow_data, tmp_path):
     out = str(tmp_path / "run")
-    p = start(tiny_train_args(tiny_data, out, "--max_iters=100000"), DISCOLOOP_TEST_SLOW_EVAL="2", PYTHONUNBUFFERED="1")
+    # one evaluation batch of a wider model takes seconds: the first signal is noticed only after it
+    big = ["--n_embd=512", "--n_layer=4", "--n_head=8", "--eval_batch_size=4096"]
+    p = start(slow_args(slow_data, out, "--max_iters=100000", *big), PYTHONUNBUFFERED="1")
     while "parameters" not in p.stdout.readline():  # started; the iteration-0 evaluation comes next
         assert p.poll() is None, p.communicate()
-    time.sleep(1.0)  # ... and is under way (each split sleeps 2 s first): both signals land inside it
+    time.sleep(0.3)  # ... and is under way (seconds long): both signals land inside it
     p.send_signal(signal.SIGINT)
     time.sleep(0.2)
     p.send_signal(signal.SIGINT)
@@ -183,7 +205,7 @@ def test_ddp_preemption_ranks_agree_and_rank0_saves(tiny_data, tmp_path, who):
 
 
 def test_early_stop_row_rule():
-    from checkpoint import early_stop_row
+    from runlog import early_stop_row
     rows = [{"iter": i, "loss/val_id": v} for i, v in enumerate([5, 4, 3, 3.5, 3, 3.2, 2.9, 3.0, 3.1, 3.3])]
     # best 3 at row 2 (a tie at row 4 is no improvement); patience 2 -> stop at row 4
     assert early_stop_row(rows, "loss/val_id", 2) == 4

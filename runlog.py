@@ -1,0 +1,173 @@
+"""
+The run folder's record, apart from the checkpoint: one run per folder (a lock), metrics.jsonl (one row
+per evaluation), config.json (the config and every resume), and the decisions train.py reads from the rows
+(early stopping, curriculum joins). Decisions come from the rows alone, so a resumed run takes exactly the
+decisions the uninterrupted one took; `probe.py plot` replays the same rules on finished logs.
+"""
+import fcntl
+import glob
+import json
+import os
+import sys
+import time
+
+from configurator import parse_join_rule
+
+
+class RunError(ValueError):
+    pass
+
+
+def lock_run_folder(out_dir):
+    """Hold an exclusive lock on out_dir for the life of this process, so that two runs never share
+    a folder. The kernel drops the lock when the holder dies, so a killed run never blocks the next.
+    Then remove temp files of earlier, dead runs (holding the lock, no live run can own one)."""
+    path = os.path.join(out_dir, "run.lock")
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        raise RunError(f"out_dir '{out_dir}' is in use by another run (PID {holder}): wait for it, stop it, "
+                       "or choose another out_dir") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, str(os.getpid()).encode(), 0)
+    for tmp in glob.glob(os.path.join(out_dir, "*.tmp-*")):
+        if os.path.isfile(tmp) or os.path.islink(tmp):  # our temp files; a folder of that name is not ours
+            os.remove(tmp)
+    return fd  # keep it open: closing it releases the lock
+
+
+def read_metrics(path):
+    """Rows of a metrics.jsonl. A torn line (a crash or a full disk during the append), or one that is
+    not a metrics row, is skipped with a warning instead of blocking the run or the plot."""
+    rows = []
+    if not os.path.exists(path):
+        return rows
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                row = None
+            if not isinstance(row, dict) or type(row.get("iter")) is not int:
+                print(f"warning: {path}:{lineno} is a torn line or not a metrics row, skipped", file=sys.stderr)
+                continue
+            rows.append(row)
+    return rows
+
+
+def append_metrics(path, row):
+    """One write of one whole line, so readers never see half a row from a live run."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, (json.dumps(row) + "\n").encode())
+    finally:
+        os.close(fd)
+
+
+def write_atomic_json(path, obj):
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=1)
+    os.replace(tmp, path)
+
+
+def early_stop_row(rows, metric, patience):
+    """Index of the evaluation row at which a run with stop_metric=metric and stop_patience=patience
+    stops (its best value, the first on ties, lies `patience` evaluations back), or None. A run that
+    stops early is the prefix of the same run without stopping. --eval_only rows do not count."""
+    sign = 1 if metric.startswith(("loss/", "val_loss")) else -1
+    best, best_i, n = None, 0, 0
+    for i, r in enumerate(rows):
+        if metric not in r or r.get("eval_only"):
+            continue
+        if best is None or sign * r[metric] < sign * best:
+            best, best_i = r[metric], n
+        if n - best_i >= patience:
+            return i
+        n += 1
+    return None
+
+
+def join_iteration(rows, rule):
+    """Iteration of the first evaluation row at which `rule` ('acc/val_id>=0.9') held, or None: a split
+    joined by a rule enters the mix at that iteration."""
+    metric, op, value = parse_join_rule(rule)
+    for r in rows:
+        if metric in r and not r.get("eval_only") and (r[metric] >= value if op == ">=" else r[metric] <= value):
+            return r["iter"]
+    return None
+
+
+def joins_acted(split_join, rows, it):
+    """{split: iteration it joined} for the joins that acted before iteration `it` (a split not listed is
+    in the mix from 0), else None: what a checkpoint at `it` was trained with, and what a resume may
+    not change. A join at `it` itself has not acted: the batch of iteration `it` is drawn after it."""
+    out = {}
+    for name, when in split_join.items():
+        j = join_iteration(rows, when) if isinstance(when, str) else when
+        out[name] = j if j is not None and j < it else None
+    return out
+
+
+def joins_changed(saved, wanted, rows, it):
+    """None if a resume at iteration `it` may use split_join `wanted` where the checkpoint used `saved`: a
+    curriculum may change only where it has not acted yet (a split not listed is in the mix from 0)."""
+    was, now = joins_acted(saved, rows, it), joins_acted(wanted, rows, it)
+    if any(was.get(s, 0) != now.get(s, 0) for s in set(was) | set(now)):
+        return (f"split_join: the checkpoint (iteration {it}) was trained with {saved!r}, now {wanted!r}; "
+                f"only joins at or after iteration {it} may change")
+    return None
+
+
+class RunLog:
+    """metrics.jsonl and config.json of one run folder, and the decisions read from its rows."""
+
+    def __init__(self, out_dir):
+        self.metrics_path = os.path.join(out_dir, "metrics.jsonl")
+        self.config_path = os.path.join(out_dir, "config.json")
+        self.rows = []
+
+    def read(self):
+        self.rows = read_metrics(self.metrics_path)
+        return self.rows
+
+    def start(self, iter_num, config, resumed, changes=None, **facts):
+        """A new run empties metrics.jsonl; a resumed one drops the rows written after its checkpoint, so the
+        file reads as one run. config.json gets the config, `facts` (e.g. the resolved dtype) and, on
+        resume, one more entry in its list of resumes with what that resume changed."""
+        self.rows = [r for r in self.rows if r["iter"] <= iter_num] if resumed else []
+        with open(f"{self.metrics_path}.tmp-{os.getpid()}", "w") as f:
+            f.writelines(json.dumps(r) + "\n" for r in self.rows)
+        os.replace(f"{self.metrics_path}.tmp-{os.getpid()}", self.metrics_path)
+        resumes = []
+        if resumed and os.path.exists(self.config_path):
+            try:
+                with open(self.config_path) as f:
+                    resumes = list(json.load(f).get("resumes", []))
+            except (OSError, ValueError, AttributeError):
+                pass  # an unreadable config.json loses only the resume history, which is rewritten now
+        if resumed:
+            resumes.append({"iter": iter_num, "at": time.strftime("%Y-%m-%d %H:%M:%S"), "changed": changes or {}})
+        write_atomic_json(self.config_path, {**config, **facts, "resumes": resumes})
+
+    def append(self, row):
+        append_metrics(self.metrics_path, row)
+        self.rows.append(row)
+
+    def evaluated(self, it):
+        """Whether the run itself evaluated iteration `it` (an --eval_only row does not count)."""
+        return any(r["iter"] == it and not r.get("eval_only") for r in self.rows)
+
+    def early_stop(self, metric, patience):
+        """The row at which stop_metric ran out of patience, or None."""
+        i = early_stop_row(self.rows, metric, patience) if metric else None
+        return None if i is None else self.rows[i]
+
+    def fired_joins(self, rules):
+        """{split: iteration} for the join rules ({split: 'metric>=x'}) that have held so far."""
+        return {name: j for name, rule in rules.items() if (j := join_iteration(self.rows, rule)) is not None}
