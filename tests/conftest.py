@@ -24,12 +24,17 @@ def run(args, cwd=REPO, timeout=300, env=None):
     return subprocess.run([sys.executable] + args, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=e)
 
 
-@pytest.fixture(scope="session")
-def tiny_data(tmp_path_factory):
-    out = str(tmp_path_factory.mktemp("data") / "sym")
-    r = run(["data/symbolic/prepare.py", f"--out_dir={out}"] + TINY_DATA)
+def prepared(tmp_path_factory, script, args):
+    """A data folder made by a prepare script, in a fresh temp folder."""
+    out = str(tmp_path_factory.mktemp("data") / "folder")
+    r = run([script, f"--out_dir={out}"] + list(args))
     assert r.returncode == 0, r.stderr
     return out
+
+
+@pytest.fixture(scope="session")
+def tiny_data(tmp_path_factory):
+    return prepared(tmp_path_factory, "data/symbolic/prepare.py", TINY_DATA)
 
 
 def tiny_train_args(data_dir, out_dir, *extra):

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from conftest import REPO, TINY_DATA, run, tiny_train_args
+from conftest import REPO, TINY_DATA, prepared, run, tiny_train_args
 
 TOKENS = ["--data_files=synthetic:web", "--weights=1", "--encoding=bytes", "--max_tokens=6000",
           "--val_tokens=1000", "--shard_tokens=2000", "--num_proc=1"]
@@ -28,10 +28,7 @@ def snapshot(folder):
 
 @pytest.fixture(scope="module")
 def shards(tmp_path_factory):
-    out = str(tmp_path_factory.mktemp("tok") / "shards")
-    r = run(["data/pretrain/prepare.py", f"--out_dir={out}"] + TOKENS)
-    assert r.returncode == 0, r.stderr
-    return out
+    return prepared(tmp_path_factory, "data/pretrain/prepare.py", TOKENS)
 
 
 def refused(r, *words):

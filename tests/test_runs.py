@@ -12,7 +12,7 @@ import torch
 
 from checkpoint import CheckpointError, save_checkpoint
 from runlog import read_metrics
-from conftest import REPO, run, tiny_train_args
+from conftest import REPO, prepared, run, tiny_train_args
 
 
 def start(args, **env):
@@ -100,10 +100,7 @@ SLOW = {"n_entities": 150, "n_relations": 8, "out_degree": 6, "n_train": 1500, "
 def slow_data(tmp_path_factory):
     """A graph whose evaluation takes seconds at --eval_batch_size=1 (7,800 questions, one forward each, a
     stop request checked before each): room to send signals during an evaluation, with no test hook."""
-    out = str(tmp_path_factory.mktemp("slow") / "sym")
-    r = run(["data/symbolic/prepare.py", f"--out_dir={out}"] + [f"--{k}={v}" for k, v in SLOW.items()])
-    assert r.returncode == 0, r.stderr
-    return out
+    return prepared(tmp_path_factory, "data/symbolic/prepare.py", [f"--{k}={v}" for k, v in SLOW.items()])
 
 
 def slow_args(data, out, *extra):
