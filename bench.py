@@ -22,7 +22,7 @@ import torch
 
 from common import DTYPES, autocast, resolve_dtype, setup, table
 from configurator import ConfigError, configure, die
-from model import GPT, GPTConfig
+from model import GPT, RECURRENCES, GPTConfig
 
 DEFAULTS = dict(
     n_layer=4,           # blocks per loop
@@ -44,8 +44,9 @@ DEFAULTS = dict(
     json="",             # also write the results to this JSON file
     variants="none,loop,disco,disco_exact,ponder",  # comma list of variants to time (loop is the reference)
 )
-VARIANTS = {"none": ("none", False), "loop": ("loop", False), "disco": ("disco", True), "disco_exact": ("disco", False),
-            "ponder": ("ponder", True)}  # name -> (recurrence, top-k Phi?)
+# name -> (recurrence, top-k Phi?): every recurrence, those that decode Phi with top-k and also exact ('_exact')
+VARIANTS = {r: (r, spec.phi) for r, spec in RECURRENCES.items()} | \
+    {f"{r}_exact": (r, False) for r, spec in RECURRENCES.items() if spec.phi}
 
 
 def matmul_peak(device, dtype, n=2048, reps=10):

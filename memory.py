@@ -20,7 +20,7 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from common import table
-from model import GPT, GPTConfig
+from model import GPT, RECURRENCES, GPTConfig
 from muon import takes_muon
 
 GB = 1e9
@@ -132,7 +132,7 @@ def plan(c, world_size, dtype=torch.bfloat16):
     detail = {
         f"a logits chunk ({cfg.loss_chunk or B * T} rows x V: bf16 + fp32 + bf16 grad)": (cfg.loss_chunk or B * T) * V * 8,
         f"a Phi chunk ({B} x {cfg.disco_chunk or T} x V bf16 logits)":
-            B * (cfg.disco_chunk or T) * V * 2 if cfg.recurrence in ("disco", "ponder") else 0,
+            B * (cfg.disco_chunk or T) * V * 2 if RECURRENCES[cfg.recurrence].phi else 0,
         "attention of one layer (flash: q, k, v, out bf16 + fp32 logsumexp)": B * T * (4 * d * 2 + cfg.n_head * 4),
     }
     accum_local = max(1, c["gradient_accumulation_steps"] // world_size)
@@ -157,7 +157,7 @@ def check_fits(c, world_size, dtype, capacity, show=True):
 
 
 def format_plan(p, c, world_size):
-    lines = [f"memory plan per rank ({c['recurrence']} K={c['n_loop']}, micro-batch {c['batch_size']} x "
+    lines = [f"memory plan per rank ({RECURRENCES[c['recurrence']].label}, K={c['n_loop']}, micro-batch {c['batch_size']} x "
              f"{c['block_size']}, {c['gradient_accumulation_steps']} micro-steps over {world_size} ranks = "
              f"{p.tokens_per_step:,} tokens per step, activation_checkpointing={c['activation_checkpointing']!r}):",
              table(["item", "GB"], [[k, f"{v / GB:.2f}"] for k, v in p.rows.items()]

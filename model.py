@@ -25,7 +25,25 @@ from torch.utils.checkpoint import checkpoint
 
 from kernels import TopkPhi, linear_cross_entropy, upcast
 
-RECURRENCES = ("none", "loop", "disco", "ponder")
+
+@dataclass(frozen=True)
+class Recurrence:
+    """What the rest of the repo knows of a recurrence (memory.py, bench.py, probe.py read these facts, never the
+    name). Its update between two loops is GPT.between; adding a recurrence touches this table, between(), and
+    model.py's tests."""
+    label: str        # name in tables and plots
+    copies: bool      # K untied copies of f_theta: K blocks' parameters, no loops past K
+    phi: bool         # decodes Phi between loops: one head matmul per injection (FLOPs, a Phi chunk in memory)
+    embed: bool       # the recurrence lives in embedding space: every pass runs the whole model (positions included)
+    injects: bool     # DiscoLoop's injection H~ = H + a * RMSNorm(Phi(H)): ln_inj, the gate; probes intervene on H~
+
+
+RECURRENCES = {
+    "none": Recurrence("non-looped (K untied copies)", copies=True, phi=False, embed=False, injects=False),
+    "loop": Recurrence("vanilla loop", copies=False, phi=False, embed=False, injects=False),
+    "disco": Recurrence("DiscoLoop", copies=False, phi=True, embed=False, injects=True),
+    "ponder": Recurrence("PonderLM", copies=False, phi=True, embed=True, injects=False),
+}
 NORMS = ("rmsnorm", "layernorm")
 MLPS = ("swiglu", "gelu")
 POS_EMBS = ("rope", "learned", "none")
@@ -89,12 +107,12 @@ class GPTConfig:
         if self.mlp not in MLPS:
             bad("mlp", MLPS)
         if self.recurrence not in RECURRENCES:
-            bad("recurrence", RECURRENCES)
+            bad("recurrence", tuple(RECURRENCES))
         if self.disco_gate not in GATES:
             bad("disco_gate", GATES)
         if not (self.disco_tau > 0 and math.isfinite(self.disco_tau)):
             bad("disco_tau", "a finite number > 0")
-        if self.recurrence in ("disco", "ponder") and self.n_loop < 2:
+        if RECURRENCES[self.recurrence].phi and self.n_loop < 2:
             bad("n_loop", f"an integer >= 2 for recurrence={self.recurrence!r} (one loop has no injection; "
                           "use recurrence='loop' for a single pass)")
         for name in ("disco_alpha", "rope_theta"):
@@ -209,7 +227,8 @@ class GPT(nn.Module):
     def __init__(self, config):
         super().__init__()
         self.config = config
-        n_blocks = config.n_layer * (config.n_loop if config.recurrence == "none" else 1)
+        self.rec = RECURRENCES[config.recurrence]
+        n_blocks = config.n_layer * (config.n_loop if self.rec.copies else 1)
         self.transformer = nn.ModuleDict(dict(
             wte=nn.Embedding(config.vocab_size, config.n_embd),
             h=nn.ModuleList([Block(config) for _ in range(n_blocks)]),
@@ -217,7 +236,7 @@ class GPT(nn.Module):
         ))
         if config.pos_emb == "learned":
             self.transformer.wpe = nn.Embedding(config.block_size, config.n_embd)
-        if config.recurrence == "disco":
+        if self.rec.injects:
             self.transformer.ln_inj = RMSNorm(config.n_embd)  # the RMSNorm of Eq. (3)
             if config.disco_gate == "learned":  # Eq. (5): d+1 parameters shared by all loops
                 self.gate_w = nn.Parameter(torch.zeros(config.n_embd))
@@ -357,16 +376,12 @@ class GPT(nn.Module):
         if T > cfg.block_size:
             raise ValueError(f"sequence length {T} exceeds block_size={cfg.block_size}")
         K = cfg.n_loop if n_loop is None else n_loop
-        if K < 1 or (cfg.recurrence == "none" and K > cfg.n_loop):
+        if K < 1 or (self.rec.copies and K > cfg.n_loop):
             raise ValueError(f"n_loop={K} is invalid: allowed 1.."
-                             f"{cfg.n_loop if cfg.recurrence == 'none' else 'any'} for recurrence={cfg.recurrence}")
+                             f"{cfg.n_loop if self.rec.copies else 'any'} for recurrence={cfg.recurrence}")
         x = self.transformer.wte(idx)  # (B, T, d)
-        # PonderLM's scalings (hzby/PonderingLM): scale_embeds multiplies W by sqrt(d) for BOTH of its uses,
-        # the input embedding and the pondering increment probs @ (W sqrt(d)); multiply_steps multiplies the
-        # input by the TRAINED number of pondering steps (K-1), also when n_loop reads the head earlier/later
-        emb_scale = math.sqrt(cfg.n_embd) if cfg.recurrence == "ponder" and cfg.ponder_scale_embeds else 1.0
-        if cfg.recurrence == "ponder":
-            x = x * emb_scale
+        if self.rec.embed:  # PonderLM's input scalings (hzby/PonderingLM): x sqrt(d) with scale_embeds (see
+            x = x * self.emb_scale()  # between), x the TRAINED K-1 pondering steps, also when n_loop differs from K
             if cfg.ponder_multiply_steps:
                 x = x * max(1, cfg.n_loop - 1)
         pos = None
@@ -378,44 +393,50 @@ class GPT(nn.Module):
                                      f"block_size >= {T + cfg.pos_shift}, not {cfg.block_size}")
                 where = where + torch.randint(0, cfg.pos_shift + 1, (B, 1), device=idx.device)  # (B, T)
             pos = self.transformer.wpe(where)  # (T, d) or (B, T, d)
-        if pos is not None and cfg.recurrence != "ponder":
+        if pos is not None and not self.rec.embed:
             x = x + pos  # positions enter once, with the tokens (GPT-2 style)
         for k in range(1, K + 1):
-            last = k == K
-            if cfg.recurrence == "ponder":
-                # the whole model on the current embedding; PonderLM's GPT-2 adds positions every pass
-                h = self.f_theta(x + pos if pos is not None else x)
-                if cfg.per_loop_norm:
-                    h = self.transformer.ln_f(h)
-                x_next = h if last else x + emb_scale * self.phi(h)
-            else:
-                if pos is not None and cfg.pos_every_loop and k > 1:
-                    x = x + pos
-                h = self.f_theta(x, copy=k - 1 if cfg.recurrence == "none" else 0)
-                if cfg.per_loop_norm:  # Ouro: the normed state is what the next loop (and Phi) sees
-                    h = self.transformer.ln_f(h)
-                x_next = self.inject(h) if cfg.recurrence == "disco" and not last else h
+            # a recurrence in embedding space runs the whole model every pass (PonderLM's GPT-2 adds positions each time)
+            again = pos is not None and (self.rec.embed or (cfg.pos_every_loop and k > 1))
+            h = self.f_theta(x + pos if again else x, copy=k - 1 if self.rec.copies else 0)
+            if cfg.per_loop_norm:  # Ouro: the normed state is what the next loop (and Phi) sees
+                h = self.transformer.ln_f(h)
+            x_next = h if k == K else self.between(h, x)
             if hook is not None:
                 replaced = hook(k, h, x_next)
                 x_next = x_next if replaced is None else replaced
             x = x_next
         return x
 
+    def between(self, h, x):
+        """The recurrence's update between two loops: what feeds the next loop, from this loop's output h and
+        its input x. Every recurrence's update is here (and its facts in RECURRENCES)."""
+        rec = self.config.recurrence
+        if rec == "disco":  # Eq. (3)-(5): H~ = H + a * RMSNorm(Phi(H))
+            return self.inject(h)
+        if rec == "ponder":  # the embedding plus the expected embedding of the prediction, probs @ (W * scale)
+            return x + self.emb_scale() * self.phi(h)
+        return h  # loop (Eq. 1), none (the next untied copy)
+
+    def emb_scale(self):
+        """PonderLM's scale_embeds multiplies W by sqrt(d) in BOTH its uses: the input and the increment."""
+        return math.sqrt(self.config.n_embd) if self.rec.embed and self.config.ponder_scale_embeds else 1.0
+
     def flops_per_token(self, T, recompute=False):
         """Forward+backward FLOPs per token (PaLM appendix B estimate), counting every loop.
         recompute=True adds the second forward of every block that activation checkpointing runs."""
         cfg = self.config
         n_block_params = sum(p.numel() for p in self.transformer.h.parameters())
-        passes = cfg.n_loop if cfg.recurrence != "none" else 1
+        passes = 1 if self.rec.copies else cfg.n_loop
         L = cfg.n_layer * cfg.n_loop
         head = cfg.vocab_size * cfg.n_embd
         extra = 0  # Phi per injection: exact = head and mixing matmuls, forward and backward (2 x 6dV);
-        if cfg.recurrence in ("disco", "ponder"):  # top-k = a forward-only head (2dV, TopkPhi) + O(kd)
+        if self.rec.phi:  # top-k = a forward-only head (2dV, TopkPhi) + O(kd)
             k = cfg.disco_topk
             extra = (cfg.n_loop - 1) * (2 * head + 12 * k * cfg.n_embd if k else 12 * head)
         total = 6 * (n_block_params * passes + head) + extra + 12 * L * cfg.n_embd * T
         if recompute:
             total += 2 * n_block_params * passes + 4 * L * cfg.n_embd * T
-            if cfg.recurrence in ("disco", "ponder") and not cfg.disco_topk:  # exact Phi chunks run again
+            if self.rec.phi and not cfg.disco_topk:  # exact Phi chunks run again
                 total += (cfg.n_loop - 1) * 4 * head
         return total

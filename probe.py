@@ -23,6 +23,7 @@ from runlog import early_stop_row, read_metrics
 from configurator import ConfigError, configure, die
 from common import DataError, autocast, resolve_dtype, setup, table
 from datafolder import kind_of, read_meta
+from model import RECURRENCES
 from tasks import QAData, accuracy
 
 BRIDGE_POS = 1
@@ -132,7 +133,7 @@ def cmd_lens(model, data):
             r = {"pos": t, "P(b|H1)": p[torch.arange(len(b)), b].mean().item(), "argmax=b": ok.float().mean().item(),
                  "acc if argmax=b": right[ok].float().mean().item() if ok.any() else float("nan"),
                  "cos(H1,W[b])": F.cosine_similarity(h.float(), W[b].float(), dim=-1).mean().item()}
-            if model.config.recurrence == "disco":
+            if model.rec.injects:  # the state after DiscoLoop's injection, which feeds loop 2
                 r["cos(H~1,W[b])"] = F.cosine_similarity(h_next.float(), W[b].float(), dim=-1).mean().item()
             out[s if hops == 2 else f"{s} b{j}"] = r
     cols = list(next(iter(out.values())))
@@ -191,7 +192,7 @@ def cmd_sweep(model, data, norm, alphas, png=None):
 def cmd_gate(model, data):
     """Mean learned gate alpha after each non-final loop over the question tokens of the two-hop
     splits, by token type (entity/relation/filler) and by position (which layouts are fixed here)."""
-    if model.config.recurrence != "disco" or model.config.disco_gate != "learned":
+    if not model.rec.injects or model.config.disco_gate != "learned":
         raise CheckpointError("the gate probe needs a DiscoLoop checkpoint with disco_gate='learned'")
     kinds = data.meta.get("token_kinds") or {t: ("entity" if t.startswith("e") else "relation")
                                              for t in data.meta["vocab"]}
@@ -246,7 +247,7 @@ def cmd_plot(dirs, png, stop_metric="", stop_patience=10, at_epoch=-1, hops=2):
         flat = False
         if os.path.isfile(cfg_path):
             with open(cfg_path) as f:
-                flat = json.load(f).get("recurrence") == "none"
+                flat = RECURRENCES.get(json.load(f).get("recurrence"), RECURRENCES["loop"]).copies
         x = [m.get("epoch", m["iter"]) for m in ms]
         color = f"C{i}"
         for split, ls in (("test_id", "-"), ("test_ood", "--"), ("val_id", ":")):
@@ -401,7 +402,7 @@ def main(argv):
                         die(f"--n_loop={a['n_loop']!r} must be comma-separated integers")
                     if min(loops) < 1:
                         die(f"--n_loop={a['n_loop']!r} is invalid: allowed loop counts >= 1")
-                    if model.config.recurrence == "none":
+                    if model.rec.copies:  # untied copies: no loops past K
                         loops = [n for n in loops if n <= model.config.n_loop]
                     res = cmd_acc(model, data, loops)
                 elif cmd == "lens":

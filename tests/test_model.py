@@ -223,3 +223,16 @@ def shifted(model, idx, s):
     with torch.no_grad():
         wpe.copy_(saved)
     return out
+
+
+def test_every_recurrence_is_covered():
+    """A recurrence added to model.RECURRENCES is tested against its equations here (CASES) and timed by bench.py;
+    memory.py and probe.py read only its facts, so they need no change."""
+    from bench import VARIANTS
+    from model import RECURRENCES
+    assert {r for r, _ in CASES} == set(RECURRENCES)
+    assert set(RECURRENCES) <= set(VARIANTS)
+    for name, spec in RECURRENCES.items():
+        model = make(name, 2)
+        assert (model.config.n_layer * 2 == len(model.transformer.h)) == spec.copies
+        assert hasattr(model.transformer, "ln_inj") == spec.injects
