@@ -33,8 +33,8 @@ DEFAULTS = dict(
     vocab_size=32768,    # vocabulary V
     batch_size=2,        # sequences per step B
     n_loop=4,            # K
-    disco_topk=128,      # k of the top-k variants
-    disco_chunk=0,       # Phi decoding chunk (0 = all positions)
+    phi_topk=128,      # k of the top-k variants
+    phi_chunk=0,       # Phi decoding chunk (0 = all positions)
     device="auto",       # 'auto' | 'cpu' | 'cuda' (common.py's rule)
     dtype="auto",        # 'auto' | 'float32' | 'bfloat16' (auto: fp32 on a CPU where bf16 is slower)
     compile=False,       # also time torch.compile'd models
@@ -112,10 +112,10 @@ def main(argv):
         bad = [v for v in names if v not in VARIANTS]
         if bad or "loop" not in names:  # the vanilla loop is the reference row
             raise ConfigError(f"variants={c['variants']!r} is invalid: a comma list of {list(VARIANTS)} including loop")
-        for rec, k in {(VARIANTS[v][0], c["disco_topk"] if VARIANTS[v][1] else 0) for v in names}:
+        for rec, k in {(VARIANTS[v][0], c["phi_topk"] if VARIANTS[v][1] else 0) for v in names}:
             GPTConfig(block_size=c["block_size"], vocab_size=c["vocab_size"], n_layer=c["n_layer"], n_head=c["n_head"],
                       n_embd=c["n_embd"], n_hidden=c["n_hidden"], recurrence=rec, n_loop=c["n_loop"],
-                      disco_topk=k, disco_chunk=c["disco_chunk"])  # the model keys' one validator, before any work
+                      phi_topk=k, phi_chunk=c["phi_chunk"])  # the model keys' one validator, before any work
         device = setup(c["device"], c["threads"])
     except (ConfigError, ValueError) as e:
         die(e)
@@ -129,12 +129,12 @@ def main(argv):
     torch.manual_seed(0)
     x = torch.randint(0, c["vocab_size"], (B, T), device=device)
     y = torch.randint(0, c["vocab_size"], (B, T), device=device)
-    variants = [(VARIANTS[v][0], c["disco_topk"] if VARIANTS[v][1] else 0) for v in names]
+    variants = [(VARIANTS[v][0], c["phi_topk"] if VARIANTS[v][1] else 0) for v in names]
     models, raw = {}, {}
     for rec, k in variants:
         cfg = GPTConfig(block_size=T, vocab_size=c["vocab_size"], n_layer=c["n_layer"], n_head=c["n_head"],
                         n_embd=c["n_embd"], n_hidden=c["n_hidden"], recurrence=rec, n_loop=c["n_loop"],
-                        disco_topk=k, disco_chunk=c["disco_chunk"], sandwich_norm=True)
+                        phi_topk=k, phi_chunk=c["phi_chunk"], sandwich_norm=True)
         model = GPT(cfg).to(device)
         name = f"{rec}" + (f" top-{k}" if k else (" exact" if rec in ("disco", "ponder") else ""))
         for compiled in ([False, True] if c["compile"] else [False]):
@@ -178,14 +178,14 @@ def main(argv):
     phi_rows = {}
     for t in (T // 4, T // 2, T):
         out = {}
-        for k in (0, c["disco_topk"]):
+        for k in (0, c["phi_topk"]):
             cfg = GPTConfig(block_size=T, vocab_size=c["vocab_size"], n_layer=1, n_head=c["n_head"],
-                            n_embd=c["n_embd"], recurrence="disco", n_loop=2, disco_topk=k, disco_chunk=c["disco_chunk"])
+                            n_embd=c["n_embd"], recurrence="disco", n_loop=2, phi_topk=k, phi_chunk=c["phi_chunk"])
             model = GPT(cfg).to(device)
             h = torch.randn(1, t, c["n_embd"], device=device, requires_grad=True)
             with ctx:
                 _, out[k] = saved_bytes(lambda: model.phi(h), model.parameters())
-        phi_rows[t] = {"exact_MB": out[0] / 2**20, "topk_MB": out[c["disco_topk"]] / 2**20}
+        phi_rows[t] = {"exact_MB": out[0] / 2**20, "topk_MB": out[c["phi_topk"]] / 2**20}
     print(table(["T", "exact Phi saved (MB)", "top-k Phi saved (MB)", "exact / top-k"],
                 [[t, f"{r['exact_MB']:.2f}", f"{r['topk_MB']:.2f}", f"{r['exact_MB'] / r['topk_MB']:.1f}x"]
                  for t, r in phi_rows.items()]))
@@ -255,7 +255,7 @@ def breaks_main(argv):
     model = GPT(cfg)
     x = torch.randint(0, cfg.vocab_size, (1, c["T"]))
     ex = torch._dynamo.explain(model)(x, x)
-    print(f"{cfg.recurrence} top-k={cfg.disco_topk} activation_checkpointing={cfg.activation_checkpointing!r}: "
+    print(f"{cfg.recurrence} top-k={cfg.phi_topk} activation_checkpointing={cfg.activation_checkpointing!r}: "
           f"{ex.graph_count} graph(s), {ex.graph_break_count} break(s)")
     for b in ex.break_reasons:
         where = b.user_stack[-1] if b.user_stack else None

@@ -12,6 +12,7 @@ import zlib
 
 import torch
 
+from configurator import renamed
 from model import GPT, GPTConfig
 
 
@@ -85,6 +86,9 @@ def load_checkpoint(path, map_location="cpu", required=("model", "model_args")):
     if isinstance(ckpt, dict) and "crc32" in ckpt and content_crc({k: v for k, v in ckpt.items() if k != "crc32"}) != ckpt["crc32"]:
         raise CheckpointError(f"'{path}' is damaged: its content does not match the checksum written with it "
                               "(flipped or overwritten bytes); use another copy")
+    for key in ("model_args", "config"):  # checkpoints written before a key was renamed load under the new name
+        if isinstance(ckpt.get(key), dict):
+            ckpt[key] = renamed(ckpt[key])
     return ckpt
 
 

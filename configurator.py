@@ -35,10 +35,21 @@ def _closest(key, allowed):
 
 def merge(defaults, overrides, source):
     """defaults updated by a dict of overrides, each key and type checked as on the command line."""
-    return {**defaults, **{k: _check(k, v, defaults, source) for k, v in overrides.items()}}
+    return {**defaults, **{RENAMED.get(k, k): _check(k, v, defaults, source) for k, v in overrides.items()}}
+
+
+# keys renamed since: config files, command lines and checkpoints (checkpoint.load_checkpoint) with an old name
+# keep working. Phi's settings drive PonderLM as well as DiscoLoop, so they are not called disco_*.
+RENAMED = {"disco_tau": "phi_tau", "disco_topk": "phi_topk", "disco_chunk": "phi_chunk"}
+
+
+def renamed(d):
+    """d with every old key name replaced by its new one."""
+    return {RENAMED.get(k, k): v for k, v in d.items()}
 
 
 def _check(key, value, defaults, source):
+    key = RENAMED.get(key, key) if key not in defaults else key
     if key not in defaults:
         raise ConfigError(f"unknown config key '{key}' in {source}{_closest(key, list(defaults))}")
     want = type(defaults[key])
@@ -266,7 +277,7 @@ def configure(defaults, argv, doc="", source=None):
             for key, value in namespace.items():
                 if key.startswith("_") or type(value).__name__ in ("module", "function", "type"):
                     continue
-                config[key] = _check(key, value, defaults, arg)
+                config[RENAMED.get(key, key)] = _check(key, value, defaults, arg)
         else:
             if "=" not in arg:
                 raise ConfigError(f"override '{arg}' must look like --key=value")
@@ -274,6 +285,6 @@ def configure(defaults, argv, doc="", source=None):
             value = parse_value(text)
             if isinstance(defaults.get(key), str) and not isinstance(value, str):
                 value = text  # --wandb_run_name=123 means the string "123"
-            config[key] = _check(key, value, defaults, "command line")
+            config[RENAMED.get(key, key)] = _check(key, value, defaults, "command line")
     check(config)
     return config

@@ -23,6 +23,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from configurator import renamed
 from kernels import TopkPhi, linear_cross_entropy, upcast
 
 
@@ -79,9 +80,9 @@ class GPTConfig:
     n_loop: int = 2            # K
     disco_gate: str = "fixed"  # "fixed": a = disco_alpha; "learned": a_t = sigmoid(<w, Phi(H_t)> + b)
     disco_alpha: float = 1.0
-    disco_tau: float = 1.0
-    disco_topk: int = 0        # 0 = exact Phi over the vocabulary; k > 0 = Phi_k (Appendix B)
-    disco_chunk: int = 0       # positions per chunk when decoding Phi (0 = all at once); bounds the B*chunk*V logits
+    phi_tau: float = 1.0
+    phi_topk: int = 0        # 0 = exact Phi over the vocabulary; k > 0 = Phi_k (Appendix B)
+    phi_chunk: int = 0       # positions per chunk when decoding Phi (0 = all at once); bounds the B*chunk*V logits
     label_smoothing: float = 0.0
     loss_chunk: int = 1024     # positions per chunk of the head + cross-entropy (0 = all): bounds the (chunk, V) logits
     activation_checkpointing: str = "none"  # "block": keep only each block's input, recompute the block in backward
@@ -110,18 +111,18 @@ class GPTConfig:
             bad("recurrence", tuple(RECURRENCES))
         if self.disco_gate not in GATES:
             bad("disco_gate", GATES)
-        if not (self.disco_tau > 0 and math.isfinite(self.disco_tau)):
-            bad("disco_tau", "a finite number > 0")
+        if not (self.phi_tau > 0 and math.isfinite(self.phi_tau)):
+            bad("phi_tau", "a finite number > 0")
         if RECURRENCES[self.recurrence].phi and self.n_loop < 2:
             bad("n_loop", f"an integer >= 2 for recurrence={self.recurrence!r} (one loop has no injection; "
                           "use recurrence='loop' for a single pass)")
         for name in ("disco_alpha", "rope_theta"):
             if not math.isfinite(getattr(self, name)):
                 bad(name, "a finite number")
-        if not 0 <= self.disco_topk <= self.vocab_size:
-            bad("disco_topk", f"0 (exact) or 1..vocab_size={self.vocab_size}")
-        if self.disco_chunk < 0:
-            bad("disco_chunk", "0 (no chunking) or a positive number of positions")
+        if not 0 <= self.phi_topk <= self.vocab_size:
+            bad("phi_topk", f"0 (exact) or 1..vocab_size={self.vocab_size}")
+        if self.phi_chunk < 0:
+            bad("phi_chunk", "0 (no chunking) or a positive number of positions")
         if not 0 <= self.dropout < 1:
             bad("dropout", "0 <= dropout < 1")
         if not 0 <= self.label_smoothing < 1:
@@ -137,7 +138,7 @@ class GPTConfig:
     def from_dict(cls, d):
         """Build from any dict (e.g. train.py's globals): unrelated keys are ignored."""
         names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in names})
+        return cls(**{k: v for k, v in renamed(d).items() if k in names})
 
 
 class RMSNorm(nn.Module):
@@ -315,15 +316,15 @@ class GPT(nn.Module):
 
     def phi(self, h):
         """Decode-then-encode Phi(h) = softmax(head(h)/tau) @ W, exact or top-k (Appendix B; TopkPhi).
-        Exact Phi decodes `disco_chunk` positions at a time; its (B, chunk, V) probabilities are kept
+        Exact Phi decodes `phi_chunk` positions at a time; its (B, chunk, V) probabilities are kept
         for backward, which is what top-k avoids, unless activation_checkpointing='block', which then
         recomputes each chunk in backward (PonderLM's exact Phi at the 440M shape needs it)."""
         cfg = self.config
         W = self.transformer.wte.weight
         x = self.normed(h)
-        chunk = cfg.disco_chunk or x.size(1)
-        if cfg.disco_topk:
-            return TopkPhi.apply(x, W, cfg.disco_topk, cfg.disco_tau, chunk).to(h.dtype)
+        chunk = cfg.phi_chunk or x.size(1)
+        if cfg.phi_topk:
+            return TopkPhi.apply(x, W, cfg.phi_topk, cfg.phi_tau, chunk).to(h.dtype)
         recompute = cfg.activation_checkpointing == "block" and torch.is_grad_enabled()
         out = [checkpoint(self.exact_phi, xs, W, use_reentrant=False) if recompute else self.exact_phi(xs, W)
                for xs in x.split(chunk, dim=1)]
@@ -331,7 +332,7 @@ class GPT(nn.Module):
 
     def exact_phi(self, xs, W):
         logits = F.linear(xs, W)  # (B, chunk, V) in the activation dtype; only softmax upcasts
-        scaled = logits / self.config.disco_tau if self.config.disco_tau != 1 else logits
+        scaled = logits / self.config.phi_tau if self.config.phi_tau != 1 else logits
         return F.softmax(scaled, dim=-1, dtype=upcast(logits).dtype) @ W
 
     def inject(self, h):
@@ -432,11 +433,11 @@ class GPT(nn.Module):
         head = cfg.vocab_size * cfg.n_embd
         extra = 0  # Phi per injection: exact = head and mixing matmuls, forward and backward (2 x 6dV);
         if self.rec.phi:  # top-k = a forward-only head (2dV, TopkPhi) + O(kd)
-            k = cfg.disco_topk
+            k = cfg.phi_topk
             extra = (cfg.n_loop - 1) * (2 * head + 12 * k * cfg.n_embd if k else 12 * head)
         total = 6 * (n_block_params * passes + head) + extra + 12 * L * cfg.n_embd * T
         if recompute:
             total += 2 * n_block_params * passes + 4 * L * cfg.n_embd * T
-            if self.rec.phi and not cfg.disco_topk:  # exact Phi chunks run again
+            if self.rec.phi and not cfg.phi_topk:  # exact Phi chunks run again
                 total += (cfg.n_loop - 1) * 4 * head
         return total

@@ -86,9 +86,9 @@ recurrence = "disco"         # 'disco' | 'loop' | 'none' (K untied copies) | 'po
 n_loop = 2                   # K: applications of f_theta
 disco_gate = "fixed"         # 'fixed' (alpha = disco_alpha) | 'learned' (Eq. 5)
 disco_alpha = 1.0            # the fixed gate alpha*
-disco_tau = 1.0              # softmax temperature of Phi
-disco_topk = 0               # 0 = exact Phi over the vocabulary; k > 0 = top-k Phi (Appendix B)
-disco_chunk = 0              # positions per chunk when decoding Phi (0 = all): bounds the B x chunk x V logits
+phi_tau = 1.0              # softmax temperature of Phi
+phi_topk = 0               # 0 = exact Phi over the vocabulary; k > 0 = top-k Phi (Appendix B)
+phi_chunk = 0              # positions per chunk when decoding Phi (0 = all): bounds the B x chunk x V logits
 label_smoothing = 0.1        # label smoothing of the training loss
 loss_chunk = 1024            # positions per chunk of head + cross-entropy: no (B, T, V) logits are ever built
 activation_checkpointing = "none"  # 'none' | 'block': recompute each block in backward (pretraining needs it)
@@ -123,7 +123,7 @@ config_keys = [k for k, v in globals().items() if k not in _not_config and not k
                and isinstance(v, (int, float, bool, str, dict))]
 try:  # every key's one validator runs here (configurator.CHECKS); model keys are GPTConfig's
     globals().update(configure({k: globals()[k] for k in config_keys}, sys.argv[1:], __doc__, __file__))
-    GPTConfig.from_dict({**globals(), "vocab_size": vocab_size or max(1, disco_topk)})  # 0 = the dataset's
+    GPTConfig.from_dict({**globals(), "vocab_size": vocab_size or max(1, phi_topk)})  # 0 = the dataset's
 except (ConfigError, ValueError) as e:
     die(e)
 config = {k: globals()[k] for k in config_keys}

@@ -7,7 +7,7 @@ from conftest import run
 def test_bench_reports_every_variant(tmp_path):
     out = tmp_path / "bench.json"
     r = run(["bench.py", "--n_layer=1", "--n_embd=32", "--n_head=2", "--block_size=16", "--vocab_size=64",
-             "--batch_size=1", "--n_loop=2", "--disco_topk=8", "--iters=2", "--warmup=1", "--threads=1",
+             "--batch_size=1", "--n_loop=2", "--phi_topk=8", "--iters=2", "--warmup=1", "--threads=1",
              f"--json={out}"])
     assert r.returncode == 0, r.stderr
     res = json.loads(out.read_text())

@@ -95,7 +95,7 @@ def shards(tmp_path, tokens, vocab=50, meta_extra=None):
 
 
 PRETRAIN = ["train.py", "config/pretrain_tiny.py", "--dtype=float32", "--threads=1", "--max_iters=2", "--n_embd=32",
-            "--n_loop=2", "--disco_topk=8", "--block_size=16"]
+            "--n_loop=2", "--phi_topk=8", "--block_size=16"]
 
 
 @pytest.mark.parametrize("case,needle", [

@@ -66,3 +66,26 @@ def test_property_override_type_checked(key, value):
 
 def test_parse_value_bare_words():
     assert parse_value("cpu") == "cpu" and parse_value("3") == 3 and parse_value("False") is False
+
+
+def test_renamed_keys_keep_loading(tmp_path):
+    """disco_tau/topk/chunk are phi_* now (Phi drives PonderLM too): old command lines, config files and
+    checkpoints load under the new names."""
+    import torch
+    from checkpoint import load_checkpoint, save_checkpoint
+    from configurator import configure
+    from model import GPT, GPTConfig
+    defaults = {"phi_topk": 0, "phi_tau": 1.0, "phi_chunk": 0}
+    cfg = tmp_path / "old.py"
+    cfg.write_text("disco_tau = 0.5\n")
+    c = configure(defaults, [str(cfg), "--disco_topk=4"])
+    assert c == {"phi_topk": 4, "phi_tau": 0.5, "phi_chunk": 0}
+    old_args = {"vocab_size": 40, "n_layer": 1, "n_head": 2, "n_embd": 16, "recurrence": "disco", "disco_topk": 3}
+    assert GPTConfig.from_dict(old_args).phi_topk == 3
+    path = str(tmp_path / "ckpt.pt")
+    save_checkpoint({"model": GPT(GPTConfig.from_dict(old_args)).state_dict(), "model_args": old_args,
+                     "config": {"disco_chunk": 8}}, path)
+    ck = load_checkpoint(path)
+    assert ck["model_args"]["phi_topk"] == 3 and "disco_topk" not in ck["model_args"]
+    assert ck["config"] == {"phi_chunk": 8}
+    assert isinstance(torch.load(path, weights_only=True)["model_args"]["disco_topk"], int)  # the file is as written

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from conftest import run
 
 TINY = ["config/pretrain_tiny.py", "--max_iters=30", "--eval_interval=30", "--dtype=float32", "--eval_iters=2",
-        "--threads=1", "--n_embd=64", "--n_loop=2", "--disco_topk=16", "--block_size=64"]
+        "--threads=1", "--n_embd=64", "--n_loop=2", "--phi_topk=16", "--block_size=64"]
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ from memory import GPUS, HEADROOM, LiveBytes, measure_step, plan
 from kernels import linear_cross_entropy
 from model import GPT, GPTConfig
 
-SMALL = dict(block_size=256, vocab_size=512, n_layer=2, n_head=4, n_embd=64, n_loop=3, disco_topk=16, disco_chunk=32,
+SMALL = dict(block_size=256, vocab_size=512, n_layer=2, n_head=4, n_embd=64, n_loop=3, phi_topk=16, phi_chunk=32,
              loss_chunk=48, sandwich_norm=True)
 
 

@@ -42,9 +42,9 @@ def reference(model, idx, K):
         return rmsnorm(h, tr.ln_f.weight) @ W.T
 
     def phi(h):
-        logits = head(h) / cfg.disco_tau
-        if cfg.disco_topk:  # Phi_k: mask everything outside the top-k, renormalize
-            kth = logits.topk(cfg.disco_topk, dim=-1).values[..., -1:]
+        logits = head(h) / cfg.phi_tau
+        if cfg.phi_topk:  # Phi_k: mask everything outside the top-k, renormalize
+            kth = logits.topk(cfg.phi_topk, dim=-1).values[..., -1:]
             logits = logits.masked_fill(logits < kth, float("-inf"))
         return logits.softmax(-1) @ W
 
@@ -78,16 +78,16 @@ def reference(model, idx, K):
     return head(x)
 
 
-CASES = [("none", {}), ("loop", {}), ("disco", {}), ("disco", {"disco_topk": 5}),
-         ("disco", {"disco_gate": "learned"}), ("disco", {"disco_gate": "learned", "disco_topk": 3, "disco_tau": 0.7}),
-         ("disco", {"disco_alpha": 0.4, "disco_chunk": 3}), ("ponder", {}), ("ponder", {"disco_topk": 4}),
+CASES = [("none", {}), ("loop", {}), ("disco", {}), ("disco", {"phi_topk": 5}),
+         ("disco", {"disco_gate": "learned"}), ("disco", {"disco_gate": "learned", "phi_topk": 3, "phi_tau": 0.7}),
+         ("disco", {"disco_alpha": 0.4, "phi_chunk": 3}), ("ponder", {}), ("ponder", {"phi_topk": 4}),
          ("disco", {"pos_every_loop": True}), ("loop", {"pos_every_loop": True, "sandwich_norm": True}),
          ("disco", {"mlp": "gelu", "norm": "layernorm", "bias": True}),
          ("disco", {"per_loop_norm": True, "sandwich_norm": True}), ("loop", {"per_loop_norm": True}),
          ("ponder", {"per_loop_norm": True}), ("none", {"per_loop_norm": True}),
-         ("disco", {"per_loop_norm": True, "disco_topk": 5, "disco_gate": "learned"}),
+         ("disco", {"per_loop_norm": True, "phi_topk": 5, "disco_gate": "learned"}),
          ("ponder", {"ponder_scale_embeds": True, "ponder_multiply_steps": True}),
-         ("ponder", {"disco_chunk": 4, "activation_checkpointing": "block"})]
+         ("ponder", {"phi_chunk": 4, "activation_checkpointing": "block"})]
 
 
 @pytest.mark.parametrize("K", [2, 3])
@@ -100,9 +100,9 @@ def test_matches_hand_recurrence(recurrence, kw, K, pos_emb):
     torch.testing.assert_close(logits, reference(model, idx, K), rtol=1e-9, atol=1e-9)
 
 
-@pytest.mark.parametrize("recurrence,kw", [("disco", {"disco_topk": 5}), ("disco", {"disco_topk": 3, "disco_chunk": 4}),
-                                           ("disco", {"disco_topk": 4, "disco_gate": "learned", "disco_tau": 0.7}),
-                                           ("ponder", {"disco_topk": 4})])
+@pytest.mark.parametrize("recurrence,kw", [("disco", {"phi_topk": 5}), ("disco", {"phi_topk": 3, "phi_chunk": 4}),
+                                           ("disco", {"phi_topk": 4, "disco_gate": "learned", "phi_tau": 0.7}),
+                                           ("ponder", {"phi_topk": 4})])
 def test_topk_sparse_backward_matches_dense(recurrence, kw):
     """TopkPhi's O(k) backward gives the gradient of the dense reference (masked softmax over all V)."""
     model = make(recurrence, 3, **kw)
@@ -127,7 +127,7 @@ def test_baselines_differ_from_disco():
 
 def test_topk_equal_to_vocab_is_exact():
     idx = torch.randint(0, 37, (2, 7))
-    torch.testing.assert_close(make("disco", 2)(idx)[0], make("disco", 2, disco_topk=37)(idx)[0])
+    torch.testing.assert_close(make("disco", 2)(idx)[0], make("disco", 2, phi_topk=37)(idx)[0])
 
 
 @pytest.mark.parametrize("recurrence", ["none", "loop", "disco", "ponder"])
@@ -157,7 +157,7 @@ def test_hook_replacement_changes_next_loop():
 
 
 def test_loss_only_on_targets_and_backward():
-    model = make("disco", 2, disco_topk=4, disco_gate="learned").float().train()
+    model = make("disco", 2, phi_topk=4, disco_gate="learned").float().train()
     idx = torch.randint(0, 37, (4, 5))
     y = torch.full_like(idx, -1)
     y[:, -1] = idx[:, 0]
@@ -180,8 +180,8 @@ def test_param_counts():
 
 
 @pytest.mark.parametrize("kw,needle", [
-    ({"n_loop": 0}, "n_loop=0"), ({"disco_tau": -1.0}, "disco_tau=-1.0"), ({"n_head": 5}, "n_head=5"),
-    ({"recurrence": "lop"}, "recurrence='lop'"), ({"disco_topk": 99}, "disco_topk=99"),
+    ({"n_loop": 0}, "n_loop=0"), ({"phi_tau": -1.0}, "phi_tau=-1.0"), ({"n_head": 5}, "n_head=5"),
+    ({"recurrence": "lop"}, "recurrence='lop'"), ({"phi_topk": 99}, "phi_topk=99"),
 ])
 def test_bad_config_values(kw, needle):
     with pytest.raises(ValueError, match=needle.replace("(", r"\(")):

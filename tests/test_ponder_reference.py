@@ -49,7 +49,7 @@ def reference_ponder(model, idx, pondering_steps, multiplier=None):
     steps_mult = pondering_steps if multiplier is None else multiplier
     current = inputs_embeds0 * steps_mult if cfg.ponder_multiply_steps else inputs_embeds0
     for _ in range(pondering_steps):
-        probs = torch.softmax(lm_head(base_model(current)) / cfg.disco_tau, dim=-1)
+        probs = torch.softmax(lm_head(base_model(current)) / cfg.phi_tau, dim=-1)
         if cfg.ponder_scale_embeds:
             current = current + probs @ (W * embed_scale)
         else:
@@ -61,7 +61,7 @@ def make(K, pos_emb, scale, multiply, tau=1.0):
     torch.manual_seed(0)
     cfg = GPTConfig(block_size=16, vocab_size=41, n_layer=2, n_head=2, n_embd=16, pos_emb=pos_emb,
                     recurrence="ponder", n_loop=K, ponder_scale_embeds=scale, ponder_multiply_steps=multiply,
-                    disco_tau=tau, norm="rmsnorm", mlp="swiglu")
+                    phi_tau=tau, norm="rmsnorm", mlp="swiglu")
     model = GPT(cfg).double().eval()
     with torch.no_grad():  # non-trivial norms, and a peaked head, so the increment's scale matters
         for n, p in model.named_parameters():

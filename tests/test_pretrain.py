@@ -116,7 +116,7 @@ def test_bad_input(corpus, tmp_path):
 
 
 TINY = ["config/pretrain_tiny.py", "--max_iters=8", "--eval_interval=4", "--log_interval=1", "--dtype=float32",
-        "--eval_iters=2", "--threads=1", "--n_embd=64", "--n_loop=2", "--disco_topk=16"]
+        "--eval_iters=2", "--threads=1", "--n_embd=64", "--n_loop=2", "--phi_topk=16"]
 
 
 @pytest.fixture(scope="module")

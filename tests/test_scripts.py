@@ -40,7 +40,7 @@ def test_training_keys_have_one_validator(args, needle):
 def test_model_keys_are_gptconfig_s():
     for kw, needle in [({"recurrence": "disco", "n_loop": 1}, "n_loop=1"), ({"recurrence": "ponder", "n_loop": 1}, "n_loop=1"),
                        ({"n_head": 3, "n_embd": 32}, "n_head=3"), ({"disco_alpha": float("nan")}, "disco_alpha"),
-                       ({"disco_topk": 10**6}, "disco_topk")]:
+                       ({"phi_topk": 10**6}, "phi_topk")]:
         with pytest.raises(ValueError, match=needle):
             GPTConfig(**kw)
     GPTConfig(recurrence="loop", n_loop=1)  # one pass of a plain loop is fine
@@ -93,7 +93,7 @@ def test_probe_one_line(probe_ckpt, tmp_path):
 
 @pytest.mark.parametrize("args,needle", [
     (["--iters=0"], "iters=0"), (["--n_head=3"], "n_head=3"), (["--batch_size=0"], "batch_size=0"),
-    (["--disco_topk=99999"], "disco_topk=99999"), (["plan"], "needs a training config file"),
+    (["--phi_topk=99999"], "phi_topk=99999"), (["plan"], "needs a training config file"),
 ])
 def test_bench_one_line(args, needle):
     one_line(run(["bench.py"] + args), needle)

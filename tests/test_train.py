@@ -161,7 +161,7 @@ def test_divergence_never_saves_nonfinite_weights(tiny_data, tmp_path, eval_inte
 
 @pytest.mark.parametrize("extra,needle", [
     (["--n_loop=0"], "n_loop=0"),
-    (["--disco_tau=-1"], "disco_tau=-1"),
+    (["--phi_tau=-1"], "phi_tau=-1"),
     (["--n_head=5"], "n_head=5"),
     (["--recurence=loop"], "did you mean 'recurrence'"),
     (["--batch_size=big"], "batch_size='big'"),
