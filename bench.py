@@ -205,15 +205,15 @@ def plan_main(argv):
     """bench.py plan CONFIG [--key=value ...] [--world_size=N]: the memory plan and the throughput
     arithmetic of a training config, for the GPU run we cannot make here."""
     import os
-    from configurator import script_defaults
+    from configurator import train_defaults
     from memory import format_plan, plan
     train_py = os.path.join(os.path.dirname(os.path.abspath(__file__)), "train.py")
-    defaults = {k: v for k, (v, _) in script_defaults(train_py).items()}
+    defaults = train_defaults()
     try:
         if not any(a.endswith(".py") for a in argv if not a.startswith("--")) and not {"-h", "--help"} & set(argv):
             raise ConfigError("bench.py plan needs a training config file, e.g. bench.py plan config/pretrain.py")
         extra = {"world_size": 8}  # GPUs (ranks) the run is planned for
-        c = configure({**defaults, **extra}, argv, plan_main.__doc__, [__file__, train_py])
+        c = configure({**defaults, **extra}, argv, plan_main.__doc__, [__file__, train_py, train_py.replace("train.py", "model.py")])
         if c["world_size"] < 1 or c["gradient_accumulation_steps"] % c["world_size"]:
             raise ConfigError(f"world_size={c['world_size']} must be >= 1 and divide gradient_accumulation_steps="
                               f"{c['gradient_accumulation_steps']}")
@@ -243,12 +243,12 @@ def breaks_main(argv):
     training forward (torch._dynamo.explain runs on CPU; the count does not depend on T, so T is small)."""
     import os
     import torch._dynamo
-    from configurator import script_defaults
+    from configurator import train_defaults
     train_py = os.path.join(os.path.dirname(os.path.abspath(__file__)), "train.py")
-    defaults = {k: v for k, (v, _) in script_defaults(train_py).items()}
+    defaults = train_defaults()
     try:
         extra = {"T": 64}  # sequence length traced (breaks do not depend on it)
-        c = configure({**defaults, **extra}, argv, breaks_main.__doc__, [__file__, train_py])
+        c = configure({**defaults, **extra}, argv, breaks_main.__doc__, [__file__, train_py, train_py.replace("train.py", "model.py")])
         cfg = GPTConfig.from_dict({**c, "block_size": c["T"]})
     except (ConfigError, ValueError) as e:
         die(e)

@@ -200,6 +200,14 @@ def script_defaults(path):
     return out
 
 
+def train_defaults():
+    """train.py's keys and defaults, read without running it: GPTConfig's model keys, then train.py's own block
+    (whose vocab_size and block_size mean the dataset's vocabulary and longest example)."""
+    from model import GPTConfig
+    train_py = os.path.join(os.path.dirname(os.path.abspath(__file__)), "train.py")
+    return {**GPTConfig.defaults(), **{k: v for k, (v, _) in script_defaults(train_py).items()}}
+
+
 def cli(fn, defaults, argv, doc="", source=None):
     """A script's main: configure(), then fn(config); a ConfigError from either is one line, exit 2."""
     try:
@@ -233,6 +241,8 @@ def key_comments(path):
     for node in ast.walk(ast.parse(src)):
         if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name):
             note(node.targets[0].id, node.lineno)
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):  # dataclass fields
+            note(node.target.id, node.lineno)
         elif isinstance(node, ast.keyword) and node.arg:
             note(node.arg, node.value.lineno)
         elif isinstance(node, ast.Dict):

@@ -54,15 +54,15 @@ CHECKPOINTING = ("none", "block")
 
 @dataclass
 class GPTConfig:
-    block_size: int = 1024
-    vocab_size: int = 50304
+    block_size: int = 1024     # longest sequence (RoPE tables and learned positions are this long)
+    vocab_size: int = 50304    # embedding rows (tied with the head)
     n_layer: int = 12          # blocks in f_theta (one loop)
-    n_head: int = 12
-    n_embd: int = 768
+    n_head: int = 12           # attention heads
+    n_embd: int = 768          # model width d
     n_hidden: int = 0          # SwiGLU hidden width; 0 = 8/3 * n_embd rounded up to a multiple of 64
-    dropout: float = 0.0
+    dropout: float = 0.0       # dropout probability in the blocks
     pos_emb: str = "rope"      # "rope" (pretraining backbone) or "learned" (GPT-2 base of the symbolic runs)
-    rope_theta: float = 10000.0
+    rope_theta: float = 10000.0  # RoPE base
     pos_every_loop: bool = False  # learned positions: add them before every loop, not only to the tokens
     pos_shift: int = 0         # learned positions, training only: each sequence starts at a random position
                                # 0..pos_shift, so rows past the longest training example are trained too
@@ -76,14 +76,14 @@ class GPTConfig:
     norm: str = "rmsnorm"      # "rmsnorm" or "layernorm" (GPT-2) for the blocks and ln_f
     mlp: str = "swiglu"        # "swiglu" or "gelu" (GPT-2: 4d hidden)
     bias: bool = False         # biases in Linear layers and LayerNorm (GPT-2 has them)
-    recurrence: str = "disco"
-    n_loop: int = 2            # K
+    recurrence: str = "disco"  # "disco" | "loop" | "none" (K untied copies) | "ponder" (PonderLM): RECURRENCES
+    n_loop: int = 2            # K: applications of f_theta
     disco_gate: str = "fixed"  # "fixed": a = disco_alpha; "learned": a_t = sigmoid(<w, Phi(H_t)> + b)
-    disco_alpha: float = 1.0
-    phi_tau: float = 1.0
+    disco_alpha: float = 1.0   # the fixed gate alpha*
+    phi_tau: float = 1.0       # softmax temperature of Phi
     phi_topk: int = 0        # 0 = exact Phi over the vocabulary; k > 0 = Phi_k (Appendix B)
     phi_chunk: int = 0       # positions per chunk when decoding Phi (0 = all at once); bounds the B*chunk*V logits
-    label_smoothing: float = 0.0
+    label_smoothing: float = 0.0  # label smoothing of the training loss
     loss_chunk: int = 1024     # positions per chunk of the head + cross-entropy (0 = all): bounds the (chunk, V) logits
     activation_checkpointing: str = "none"  # "block": keep only each block's input, recompute the block in backward
 
@@ -133,6 +133,11 @@ class GPTConfig:
             bad("loss_chunk", "0 (no chunking) or a positive number of positions")
         if self.activation_checkpointing not in CHECKPOINTING:
             bad("activation_checkpointing", CHECKPOINTING)
+
+    @classmethod
+    def defaults(cls):
+        """{field: default}: the model keys of train.py and bench.py are these (defaults written once)."""
+        return {f.name: f.default for f in fields(cls)}
 
     @classmethod
     def from_dict(cls, d):

@@ -11,7 +11,7 @@ DDP, one node / several nodes:
 
 Two kinds of data: question-answer folders (dataset='symbolic' or 'nl'; loss on answer tokens,
 accuracy per split at the final loop and at Stage-1) and token shards (dataset='pretrain'; loss
-on every token, validation loss). Defaults below are the symbolic recipe; config files override.
+on every token, validation loss). Model keys default to GPTConfig's; a config file sets the recipe (config/).
 """
 import contextlib
 import copy
@@ -57,41 +57,15 @@ data_dir = "data/symbolic/out"  # prepared dataset folder (generated on first us
 data_args = {}               # arguments of data/<dataset>/prepare.py's prepare(), e.g. {"eval_hops": 4}
 batch_size = 512             # per process and micro-step
 gradient_accumulation_steps = 1  # total over all processes, as in nanoGPT
-block_size = 8               # longest sequence (QA: at least the longest example; pretrain: the window)
 eval_batch_size = 2048       # QA: questions per evaluation forward
 eval_iters = 50              # pretrain: validation batches per evaluation
 stop_metric = ""             # '' = off; else stop early on this evaluation metric, e.g. 'loss/val_id' (loss: lower is better, acc: higher); never a test split
 stop_patience = 10           # with stop_metric: stop after this many evaluations without a new best
 split_join = {}              # QA curriculum: {training split: iteration it joins the mix, or a rule on a validation metric}, e.g. {"train_id_3hop": 6630} or {"train_id_3hop": "acc/val_id>=0.9"}
-# model (see model.GPTConfig)
+# model: every GPTConfig field is a key here too, with GPTConfig's default (model.py; --help lists them);
+# these two are the dataset's unless set
 vocab_size = 0               # embedding rows; 0 = the dataset's vocabulary (larger pads, e.g. to match a parameter count)
-n_layer = 1                  # blocks in f_theta (one loop)
-n_head = 6                   # attention heads
-n_embd = 192                 # model width d
-n_hidden = 0                 # MLP hidden width; 0 = 8/3 d (SwiGLU) or 4 d (GELU)
-dropout = 0.0                # dropout probability in the blocks
-pos_emb = "learned"          # 'learned' | 'rope' | 'none'
-rope_theta = 10000.0         # RoPE base
-pos_every_loop = False       # learned positions: add them before every loop, not only once
-pos_shift = 0                # learned positions, training only: start each sequence at a random position 0..pos_shift (hop extrapolation)
-sandwich_norm = False        # Ouro-style: also normalize each sublayer's output
-scaled_init = True           # GPT-2's c_proj init 0.02/sqrt(2 n_layer K); False = Ouro's N(0, 0.02) for every Linear
-per_loop_norm = False        # Ouro: ln_f after every loop; the normed state feeds the next loop (pretraining: True)
-ponder_scale_embeds = False  # PonderLM (hzby/PonderingLM scale_embeds): input embedding times sqrt(d)
-ponder_multiply_steps = False  # PonderLM (mutiply_pondering_steps): input embedding times K-1 pondering steps
-norm = "rmsnorm"             # 'rmsnorm' | 'layernorm'
-mlp = "gelu"                 # GPT-2's MLP for the symbolic base (see README: SwiGLU took the memorization route)
-bias = False                 # biases in Linear and LayerNorm (GPT-2 has them)
-recurrence = "disco"         # 'disco' | 'loop' | 'none' (K untied copies) | 'ponder' (PonderLM)
-n_loop = 2                   # K: applications of f_theta
-disco_gate = "fixed"         # 'fixed' (alpha = disco_alpha) | 'learned' (Eq. 5)
-disco_alpha = 1.0            # the fixed gate alpha*
-phi_tau = 1.0              # softmax temperature of Phi
-phi_topk = 0               # 0 = exact Phi over the vocabulary; k > 0 = top-k Phi (Appendix B)
-phi_chunk = 0              # positions per chunk when decoding Phi (0 = all): bounds the B x chunk x V logits
-label_smoothing = 0.1        # label smoothing of the training loss
-loss_chunk = 1024            # positions per chunk of head + cross-entropy: no (B, T, V) logits are ever built
-activation_checkpointing = "none"  # 'none' | 'block': recompute each block in backward (pretraining needs it)
+block_size = 8               # longest sequence (QA: at least the longest example; pretrain: the window)
 # optimizer: AdamW on everything, or Muon on the 2-D block matrices + AdamW on the rest
 optimizer = "adamw"          # 'adamw' | 'muon'
 learning_rate = 3e-3         # peak learning rate
@@ -119,10 +93,11 @@ threads = 0                  # CPU threads (0 = torch default)
 peak_flops = 0.0             # per-device peak FLOP/s for MFU (0 = report TFLOP/s only; bench.py measures one)
 memory_check = True          # on CUDA: print the memory plan and stop before allocating if it does not fit
 # -----------------------------------------------------------------------------
-config_keys = [k for k, v in globals().items() if k not in _not_config and not k.startswith("_")
-               and isinstance(v, (int, float, bool, str, dict))]
+defaults = {**GPTConfig.defaults(), **{k: v for k, v in globals().items() if k not in _not_config
+                                       and not k.startswith("_") and isinstance(v, (int, float, bool, str, dict))}}
+config_keys = list(defaults)
 try:  # every key's one validator runs here (configurator.CHECKS); model keys are GPTConfig's
-    globals().update(configure({k: globals()[k] for k in config_keys}, sys.argv[1:], __doc__, __file__))
+    globals().update(configure(defaults, sys.argv[1:], __doc__, [__file__, sys.modules[GPTConfig.__module__].__file__]))
     GPTConfig.from_dict({**globals(), "vocab_size": vocab_size or max(1, phi_topk)})  # 0 = the dataset's
 except (ConfigError, ValueError) as e:
     die(e)

@@ -1,5 +1,4 @@
 """Every shipped config file is valid against train.py's defaults and builds a valid model."""
-import ast
 import glob
 import os
 
@@ -11,17 +10,7 @@ from configurator import configure
 from model import GPT, GPTConfig
 
 
-def train_defaults():
-    """The module-level literal assignments of train.py (its config block), read with ast."""
-    tree = ast.parse(open(os.path.join(REPO, "train.py")).read())
-    out = {}
-    for node in tree.body:
-        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
-            try:
-                out[node.targets[0].id] = ast.literal_eval(node.value)
-            except ValueError:
-                pass
-    return {k: v for k, v in out.items() if isinstance(v, (int, float, bool, str, dict))}
+from configurator import train_defaults  # noqa: E402  (GPTConfig's model keys, then train.py's block)
 
 
 @pytest.mark.parametrize("path", sorted(glob.glob(os.path.join(REPO, "config", "*.py"))))

@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from configurator import configure, script_defaults
+from configurator import configure, train_defaults
 from conftest import REPO, run
 from memory import GPUS, HEADROOM, LiveBytes, measure_step, plan
 from kernels import linear_cross_entropy
@@ -104,7 +104,7 @@ def test_plan_activations_match_real_tensors(ac, recurrence):
 
 
 def script_defaults_dict():
-    return {k: v for k, (v, _) in script_defaults(f"{REPO}/train.py").items()}
+    return train_defaults()
 
 
 def test_pretrain_config_plans_within_72_gb():

@@ -12,9 +12,7 @@ from model import GPTConfig
 from test_cli import one_line
 
 
-def train_defaults():
-    from configurator import script_defaults
-    return {k: v for k, (v, _) in script_defaults("train.py").items()}
+from configurator import train_defaults  # noqa: E402
 
 
 @pytest.mark.parametrize("args,needle", [
