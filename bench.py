@@ -263,10 +263,46 @@ def breaks_main(argv):
     return ex.graph_break_count
 
 
+def sample_main(argv):
+    """bench.py sample CONFIG [--new_tokens=256] [--prompt=16]: new tokens per second of GPT.generate with and
+    without the key/value cache per (loop, layer), at a training config's shape (random weights), in one run."""
+    import os
+    import time
+    from configurator import train_defaults
+    train_py = os.path.join(os.path.dirname(os.path.abspath(__file__)), "train.py")
+    try:
+        if not any(a.endswith(".py") for a in argv if not a.startswith("--")) and not {"-h", "--help"} & set(argv):
+            raise ConfigError("bench.py sample needs a training config file, e.g. bench.py sample config/pretrain_small.py")
+        extra = {"new_tokens": 256,  # tokens to generate, after the prompt
+                 "prompt": 16}       # prompt length (random tokens)
+        c = configure({**train_defaults(), **extra}, argv, sample_main.__doc__,
+                      [__file__, train_py, train_py.replace("train.py", "model.py")])
+        if not c["vocab_size"]:
+            raise ConfigError("vocab_size=0 (the dataset's) is unknown without the data: set --vocab_size")
+        model = GPT(GPTConfig.from_dict({**c, "block_size": max(c["block_size"], c["prompt"] + c["new_tokens"])}))
+        device = setup(c["device"], c["threads"])
+    except (ConfigError, ValueError) as e:
+        die(e)
+    model = model.to(device).eval()
+    x = torch.randint(0, c["vocab_size"], (1, c["prompt"]), device=device)
+    seconds = {}
+    for use_cache in (True, False):
+        t = time.perf_counter()
+        model.generate(x, c["new_tokens"], temperature=0, use_cache=use_cache)
+        seconds[use_cache] = time.perf_counter() - t
+    print(f"{model.rec.label}, K={c['n_loop']}, {c['n_layer']} layers, d={c['n_embd']}, V={c['vocab_size']}: "
+          f"{c['new_tokens']} new tokens after a {c['prompt']}-token prompt, fp32, threads {torch.get_num_threads()}")
+    print(table(["generate", "seconds", "new tokens/s", "speed-up"],
+                [[name, round(seconds[uc], 3), round(c["new_tokens"] / seconds[uc], 1), round(seconds[False] / seconds[uc], 2)]
+                 for name, uc in (("with the (loop, layer) cache", True), ("without (whole prefix every token)", False))]))
+
+
 if __name__ == "__main__":
     if sys.argv[1:2] == ["plan"]:
         plan_main(sys.argv[2:])
     elif sys.argv[1:2] == ["breaks"]:
         breaks_main(sys.argv[2:])
+    elif sys.argv[1:2] == ["sample"]:
+        sample_main(sys.argv[2:])
     else:
         main(sys.argv[1:])

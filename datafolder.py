@@ -112,3 +112,30 @@ def load_prepare(generator):
 
 def generators():
     return [d for d in os.listdir(os.path.join(REPO, "data")) if os.path.isfile(os.path.join(REPO, "data", d, "prepare.py"))]
+
+
+class WordVocab:
+    """The tokenizer of a question-answer folder: its tokens are the words of meta.json's vocabulary."""
+
+    def __init__(self, vocab):
+        self.vocab, self.stoi = vocab, {t: i for i, t in enumerate(vocab)}
+        self.n_vocab, self.eot_token = len(vocab), None
+
+    def encode_ordinary(self, text):
+        unknown = [w for w in text.split() if w not in self.stoi]
+        if unknown:
+            raise DataError(f"{unknown[:3]} not in this dataset's vocabulary (e.g. {self.vocab[:5]})")
+        return [self.stoi[w] for w in text.split()]
+
+    def decode(self, ids):
+        return " ".join(self.vocab[i] for i in ids)
+
+
+def tokenizer_for(ckpt):
+    """The tokenizer a checkpoint was trained with: for token shards the encoding data/pretrain/prepare.py
+    recorded (tiktoken, bytes, or a tokenizer.json), for a question-answer folder its vocabulary."""
+    data_config = ckpt.get("data_config", {})
+    if "encoding" in data_config:  # token shards: the generator config says how to rebuild the encoder
+        prep = load_prepare("pretrain")
+        return prep.get_encoding({**prep.DEFAULTS, **data_config})
+    return WordVocab(read_meta(ckpt["config"]["data_dir"])["vocab"])

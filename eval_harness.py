@@ -25,7 +25,7 @@ from tqdm import tqdm
 from common import autocast, resolve_device, resolve_dtype, table
 from checkpoint import CheckpointError, load_checkpoint, model_from_checkpoint
 from configurator import ConfigError, configure, die
-from datafolder import load_prepare
+from datafolder import tokenizer_for
 
 REPO = os.path.dirname(os.path.abspath(__file__))
 TABLE2 = ["arc_challenge", "arc_easy", "hellaswag", "lambada_openai", "piqa", "race", "sciq"]
@@ -33,12 +33,10 @@ TABLE2 = ["arc_challenge", "arc_easy", "hellaswag", "lambada_openai", "piqa", "r
 
 def encoding_for(ckpt):
     """The tiktoken Encoding the checkpoint's shards were made with (data/pretrain/prepare.py)."""
-    prep = load_prepare("pretrain")
-    data_config = ckpt.get("data_config", {})
-    if "encoding" not in data_config:
+    if "encoding" not in ckpt.get("data_config", {}):
         raise CheckpointError("checkpoint was not trained on token shards (no tokenizer recorded): "
                               "eval_harness.py evaluates pretraining checkpoints")
-    return prep.get_encoding({**prep.DEFAULTS, **data_config})
+    return tokenizer_for(ckpt)
 
 
 @register_model("discoloop")
@@ -132,14 +130,19 @@ class DiscoLoopLM(TemplateLM):
             max_new = int(kw.get("max_gen_toks", self.max_gen_toks))
             ids = self.tok_encode(context)
             new = []
-            for _ in range(max_new):  # greedy; no KV cache (the looped model re-reads the window)
-                x = torch.tensor([(ids + new)[-self.max_length:]], device=self.dev)
+            # greedy, one new token per step through the key/value cache of every (loop, layer); a context that
+            # would run past the model's window slides instead, rerunning the window every step
+            cache = self.model.new_cache(self.n_loop) if len(ids) + max_new <= self.max_length else None
+            feed = ids
+            for _ in range(max_new):
+                x = torch.tensor([feed if cache is not None else (ids + new)[-self.max_length:]], device=self.dev)
                 with self.ctx:
-                    logits = self.model.head(self.model.hidden(x, n_loop=self.n_loop)[:, -1])  # (1, V)
+                    logits = self.model.head(self.model.hidden(x, n_loop=self.n_loop, cache=cache)[:, -1])  # (1, V)
                 nxt = int(logits[0].argmax())
                 if nxt == self.eot_token_id:
                     break
                 new.append(nxt)
+                feed = [nxt]
                 text = self.tok_decode(new)
                 if any(u in text for u in until):
                     break

@@ -175,6 +175,24 @@ def apply_rope(x, cos, sin):
     return y.type_as(x)
 
 
+class KVCache:
+    """Keys and values of one attention layer in one loop, (B, heads, positions so far, head size), for
+    generation: a looped model needs K x n_layer of them (GPT.new_cache). Exact for every recurrence here:
+    DiscoLoop's injection and PonderLM's update act per position, so position t's state in every loop depends
+    only on positions <= t, which the cache holds as they were computed."""
+
+    def __init__(self):
+        self.k = self.v = None
+
+    def __len__(self):
+        return 0 if self.k is None else self.k.size(2)
+
+    def extend(self, k, v):
+        self.k = k if self.k is None else torch.cat([self.k, k], dim=2)
+        self.v = v if self.v is None else torch.cat([self.v, v], dim=2)
+        return self.k, self.v
+
+
 class CausalSelfAttention(nn.Module):
     def __init__(self, config):
         super().__init__()
@@ -183,14 +201,20 @@ class CausalSelfAttention(nn.Module):
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.dropout = config.dropout
 
-    def forward(self, x, rope=None):
+    def forward(self, x, rope=None, cache=None):
         B, T, C = x.size()
+        t0 = len(cache) if cache is not None else 0  # positions already cached: these are t0 .. t0+T-1
         q, k, v = self.c_attn(x).split(C, dim=2)
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
         if rope is not None:
-            cos, sin = rope[0][:T], rope[1][:T]
+            cos, sin = rope[0][t0:t0 + T], rope[1][t0:t0 + T]
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True,
+        if cache is not None:
+            k, v = cache.extend(k, v)
+        mask = None  # causal; with a cache the new queries see every cached key (SDPA's is_causal aligns top-left)
+        if t0 and T > 1:
+            mask = torch.ones(T, t0 + T, dtype=torch.bool, device=x.device).tril(diagonal=t0)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=t0 == 0 and T > 1,
                                            dropout_p=self.dropout if self.training else 0.0)
         return self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C))
 
@@ -223,8 +247,8 @@ class Block(nn.Module):
         self.ln_2b = make_norm(config) if config.sandwich_norm else nn.Identity()
         self.drop = nn.Dropout(config.dropout)
 
-    def forward(self, x, rope=None):
-        x = x + self.drop(self.ln_1b(self.attn(self.ln_1(x), rope)))
+    def forward(self, x, rope=None, cache=None):
+        x = x + self.drop(self.ln_1b(self.attn(self.ln_1(x), rope, cache)))
         x = x + self.drop(self.ln_2b(self.mlp(self.ln_2(x))))
         return x
 
@@ -309,14 +333,16 @@ class GPT(nn.Module):
         """What the head reads: ln_f(h), or h itself when every loop's output is already normed."""
         return h if self.config.per_loop_norm else self.transformer.ln_f(h)
 
-    def f_theta(self, x, copy=0):
-        """One application of f_theta; `copy` picks the untied copy for recurrence='none'."""
+    def f_theta(self, x, copy=0, cache=None):
+        """One application of f_theta; `copy` picks the untied copy for recurrence='none'; cache: this loop's
+        KVCache of every layer (generation)."""
         rope = (self.rope_cos, self.rope_sin) if self.config.pos_emb == "rope" else None
         n = self.config.n_layer
         recompute = self.config.activation_checkpointing == "block" and torch.is_grad_enabled()
-        for block in self.transformer.h[copy * n:(copy + 1) * n]:
+        for i, block in enumerate(self.transformer.h[copy * n:(copy + 1) * n]):
+            c = cache[i] if cache is not None else None
             # non-reentrant: composes with compile, hooks and autograd.graph hooks, and replays dropout's RNG
-            x = checkpoint(block, x, rope, use_reentrant=False) if recompute else block(x, rope)
+            x = checkpoint(block, x, rope, c, use_reentrant=False) if recompute else block(x, rope, c)
         return x
 
     def phi(self, h):
@@ -375,12 +401,14 @@ class GPT(nn.Module):
                                     cfg.label_smoothing)
         return None, loss
 
-    def hidden(self, idx, n_loop=None, hook=None):
-        """The final state that the LM head reads, (B, T, d); see forward."""
+    def hidden(self, idx, n_loop=None, hook=None, cache=None):
+        """The final state that the LM head reads, (B, T, d); see forward. cache (new_cache): idx continues the
+        positions already cached, whose keys and values every loop reuses (generation)."""
         cfg = self.config
         B, T = idx.size()
-        if T > cfg.block_size:
-            raise ValueError(f"sequence length {T} exceeds block_size={cfg.block_size}")
+        t0 = len(cache[0][0]) if cache is not None else 0
+        if t0 + T > cfg.block_size:
+            raise ValueError(f"sequence length {t0 + T} exceeds block_size={cfg.block_size}")
         K = cfg.n_loop if n_loop is None else n_loop
         if K < 1 or (self.rec.copies and K > cfg.n_loop):
             raise ValueError(f"n_loop={K} is invalid: allowed 1.."
@@ -392,7 +420,7 @@ class GPT(nn.Module):
                 x = x * max(1, cfg.n_loop - 1)
         pos = None
         if cfg.pos_emb == "learned":
-            where = torch.arange(T, device=idx.device)  # (T,)
+            where = torch.arange(t0, t0 + T, device=idx.device)  # (T,)
             if self.training and cfg.pos_shift:
                 if T + cfg.pos_shift > cfg.block_size:
                     raise ValueError(f"pos_shift={cfg.pos_shift} with sequences of {T} tokens needs "
@@ -404,7 +432,8 @@ class GPT(nn.Module):
         for k in range(1, K + 1):
             # a recurrence in embedding space runs the whole model every pass (PonderLM's GPT-2 adds positions each time)
             again = pos is not None and (self.rec.embed or (cfg.pos_every_loop and k > 1))
-            h = self.f_theta(x + pos if again else x, copy=k - 1 if self.rec.copies else 0)
+            h = self.f_theta(x + pos if again else x, copy=k - 1 if self.rec.copies else 0,
+                             cache=cache[k - 1] if cache is not None else None)
             if cfg.per_loop_norm:  # Ouro: the normed state is what the next loop (and Phi) sees
                 h = self.transformer.ln_f(h)
             x_next = h if k == K else self.between(h, x)
@@ -413,6 +442,39 @@ class GPT(nn.Module):
                 x_next = x_next if replaced is None else replaced
             x = x_next
         return x
+
+    def new_cache(self, n_loop=None):
+        """An empty key/value cache for generation: one KVCache per (loop, layer), K x n_layer. It holds
+        K * n_layer * T * 2d numbers per sequence (6.4 GB in fp32 at the 440M config's 8,192 tokens)."""
+        K = n_loop or self.config.n_loop
+        return [[KVCache() for _ in range(self.config.n_layer)] for _ in range(K)]
+
+    @torch.no_grad()
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, n_loop=None, use_cache=True,
+                 generator=None):
+        """nanoGPT's generate: idx (B, T) and max_new_tokens more, each sampled from the head after n_loop loops
+        (default K). temperature 0 = greedy; top_k keeps the k likeliest. With use_cache the prompt runs once and
+        each new token runs through every loop alone, reusing the cached keys and values (new_cache); without,
+        every step reruns the whole prefix. Past block_size is an error, not a sliding window: shifted positions
+        would no longer be the sequence the model reads."""
+        if idx.size(1) + max_new_tokens > self.config.block_size:
+            raise ValueError(f"prompt ({idx.size(1)} tokens) + max_new_tokens={max_new_tokens} exceeds "
+                             f"block_size={self.config.block_size}: shorten the prompt or ask for fewer tokens")
+        cache = self.new_cache(n_loop) if use_cache else None
+        new = idx
+        for _ in range(max_new_tokens):
+            logits = self.head(self.hidden(new, n_loop=n_loop, cache=cache)[:, -1]).float()  # (B, V)
+            if temperature == 0:
+                nxt = logits.argmax(-1, keepdim=True)
+            else:
+                logits = logits / temperature
+                if top_k:
+                    kth = logits.topk(min(top_k, logits.size(-1)), dim=-1).values[:, -1:]
+                    logits = logits.masked_fill(logits < kth, float("-inf"))
+                nxt = torch.multinomial(logits.softmax(-1), 1, generator=generator)
+            idx = torch.cat([idx, nxt], dim=1)
+            new = nxt if use_cache else idx
+        return idx
 
     def between(self, h, x):
         """The recurrence's update between two loops: what feeds the next loop, from this loop's output h and

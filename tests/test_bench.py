@@ -23,3 +23,12 @@ def test_bench_bad_flag_one_line():
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
     r = run(["bench.py", "--variants=loop,disko"])
     assert r.returncode == 2 and "variants='loop,disko'" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_bench_sample_reports_the_cache_speedup():
+    r = run(["bench.py", "sample", "config/pretrain_tiny.py", "--vocab_size=64", "--n_embd=32", "--n_head=2",
+             "--n_layer=1", "--new_tokens=8", "--prompt=4", "--threads=1"])
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "| with the (loop, layer) cache |" in r.stdout and "| without (whole prefix every token) |" in r.stdout
+    r = run(["bench.py", "sample"])
+    assert r.returncode == 2 and "needs a training config file" in r.stderr

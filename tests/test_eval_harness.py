@@ -164,3 +164,36 @@ doc_to_target: "{{{{target}}}}"
              f"--json={tmp_path / 'new' / 'r.json'}"], env=env)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "empty" in r.stderr, r.stderr[-2000:]
     assert (tmp_path / "new").is_dir()  # the output folder was made (and checked) before the evaluation
+
+
+def test_generate_until_with_the_cache_is_the_old_greedy(lm):
+    """generate_until runs each new token through the (loop, layer) cache; the text is what rerunning the whole
+    window every step (the uncached greedy it replaced) gives."""
+    contexts = ["The small cat", "12 + 30 = 42. 3 * 3 =", "x"]
+    got = lm.generate_until([Req(c, {"until": ["\n\n"], "max_gen_toks": 12}) for c in contexts], disable_tqdm=True)
+    for context, text in zip(contexts, got):
+        ids, new = lm.tok_encode(context), []
+        with torch.no_grad():
+            for _ in range(12):
+                logits = lm.model.head(lm.model.hidden(torch.tensor([ids + new]))[:, -1])
+                nxt = int(logits[0].argmax())
+                if nxt == lm.eot_token_id:
+                    break
+                new.append(nxt)
+                if "\n\n" in lm.tok_decode(new):
+                    break
+        assert text == lm.tok_decode(new).split("\n\n")[0]
+
+
+def test_sample_py_is_seeded_and_cache_blind(ckpt):
+    """sample.py on a pretraining checkpoint: the tokenizer comes from its data, the same seed gives the same
+    text with and without the cache, and bad values are one line."""
+    args = ["sample.py", f"--ckpt={ckpt}", "--start=The small", "--num_samples=2", "--max_new_tokens=20",
+            "--temperature=0.9", "--top_k=20", "--seed=3", "--threads=1"]
+    a, b = run(args), run(args + ["--use_cache=False"])
+    assert a.returncode == 0 and b.returncode == 0, a.stderr[-2000:] + b.stderr[-2000:]
+    assert a.stdout == b.stdout and a.stdout.count("---------------") == 2 and a.stdout.startswith("The small")
+    assert run(args[:-1] + ["--seed=4", "--threads=1"]).stdout != a.stdout
+    for bad, needle in (("--temperature=-1", "temperature=-1"), ("--max_new_tokens=100000", "exceeds block_size")):
+        r = run(args + [bad])
+        assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and needle in r.stderr, r.stderr[-2000:]

@@ -1,0 +1,72 @@
+"""
+Sample from a trained model (nanoGPT's sample.py), with a key/value cache per (loop, layer):
+
+    python sample.py --ckpt=out/small_disco --start="ROMEO:" --num_samples=3 --max_new_tokens=200
+    python sample.py --ckpt=out/small_disco --start=FILE:prompt.txt --temperature=0.6 --top_k=40 --n_loop=6
+
+The tokenizer is the checkpoint's (tiktoken, bytes or tokenizer.json for token shards; the vocabulary's
+words for a question-answer folder). The same --seed gives the same samples, with or without the cache.
+"""
+import os
+import sys
+
+import torch
+
+from checkpoint import CheckpointError, load_checkpoint, model_from_checkpoint
+from common import DataError, autocast, resolve_dtype, setup
+from configurator import ConfigError, configure, die
+from datafolder import tokenizer_for
+
+DEFAULTS = dict(
+    ckpt="",             # checkpoint file or run folder
+    start="\n",          # the prompt, or FILE:path to read it from a file
+    num_samples=3,       # samples to draw
+    max_new_tokens=200,  # tokens per sample (prompt + these must fit in block_size)
+    temperature=0.8,     # 1.0 = the model's distribution, lower = more conservative, 0 = greedy
+    top_k=200,           # sample among the k likeliest tokens only (0 = all)
+    seed=1337,           # seed of the sampling
+    n_loop=0,            # loops to run (0 = the trained K)
+    use_cache=True,      # reuse keys and values per (loop, layer); False reruns the whole prefix every token
+    raw=False,           # sample from the raw weights, not the weight average (EMA)
+    threads=0,           # CPU threads (0 = torch's choice)
+    device="auto",       # 'auto' | 'cpu' | 'cuda' (common.py's rule)
+    dtype="float32",     # 'float32' | 'bfloat16' | 'auto'
+)
+
+
+def main(argv):
+    try:
+        c = configure(DEFAULTS, argv, __doc__, __file__)
+        if not c["ckpt"]:
+            raise ConfigError("--ckpt=PATH is required (a checkpoint file or run folder)")
+        for key in ("max_new_tokens", "top_k", "n_loop"):
+            if c[key] < (1 if key == "max_new_tokens" else 0):
+                raise ConfigError(f"{key}={c[key]} is invalid: allowed an integer >= {1 if key == 'max_new_tokens' else 0}")
+        if not c["temperature"] >= 0:
+            raise ConfigError(f"temperature={c['temperature']} is invalid: allowed a number >= 0 (0 = greedy)")
+        device = setup(c["device"], c["threads"])
+        ckpt = load_checkpoint(c["ckpt"])
+        model = model_from_checkpoint(ckpt, use_ema=not c["raw"]).to(device).eval()
+        enc = tokenizer_for(ckpt)
+        start = c["start"]
+        if start.startswith("FILE:"):
+            with open(start[5:], encoding="utf-8") as f:
+                start = f.read()
+        ids = enc.encode_ordinary(start) or ([enc.eot_token] if enc.eot_token is not None else [])
+        if not ids:
+            raise ConfigError("start='' gives no token and the tokenizer has no end-of-text token: give a prompt")
+        x = torch.tensor([ids], device=device)
+        torch.manual_seed(c["seed"])
+        gen = torch.Generator(device=device).manual_seed(c["seed"])
+        with autocast(device, resolve_dtype(c["dtype"], device)):
+            for _ in range(c["num_samples"]):
+                y = model.generate(x, c["max_new_tokens"], temperature=c["temperature"], top_k=c["top_k"] or None,
+                                   n_loop=c["n_loop"] or None, use_cache=c["use_cache"], generator=gen)
+                print(enc.decode(y[0].tolist()))
+                print("---------------")
+    except (ConfigError, CheckpointError, DataError, ValueError, OSError) as e:
+        die(e if not isinstance(e, OSError) else f"{getattr(e, 'filename', '')}: {e.strerror}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
