@@ -381,7 +381,7 @@ class GPT(nn.Module):
         return self.gate(self.phi(h))
 
     # ---- forward -----------------------------------------------------------------------------
-    def forward(self, idx, targets=None, n_loop=None, hook=None):
+    def forward(self, idx, targets=None, n_loop=None, hook=None, sparse_targets=False):
         """(logits (B, T, V), None) without targets; (None, mean loss) with targets (B, T), -1 = no
         target. The loss never materializes the (B, T, V) logits (LinearCrossEntropy, `loss_chunk`).
 
@@ -392,11 +392,16 @@ class GPT(nn.Module):
             disco the injected H~, for ponder the updated embedding; for the last loop, h). A return
             value other than None replaces h_next. This is how probes read every loop's hidden
             states and how the training-free intervention of Eq. (2) is applied.
+        sparse_targets: most positions have no target (question-answer data: one answer token per question):
+            the head and the loss run on the rows that have one, gathered first (one host sync to count them).
         """
         h = self.hidden(idx, n_loop, hook)  # (B, T, d)
         if targets is None:
             return self.head(h), None
         cfg = self.config
+        if sparse_targets:
+            keep = targets.reshape(-1) != -1
+            h, targets = h.reshape(-1, h.size(-1))[keep], targets.reshape(-1)[keep]  # (N, d), (N,)
         loss = linear_cross_entropy(self.normed(h), self.lm_head.weight, targets, cfg.loss_chunk,
                                     cfg.label_smoothing)
         return None, loss

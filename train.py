@@ -179,6 +179,7 @@ try:
                             f"allowed at most {first}")
 except (DataError, ConfigError) as e:
     die(e)
+sparse = kind_of(meta) == "qa"  # one answer token per question: the head runs on the answer rows alone
 val_metrics = [m for m in data.metric_names if "val" in m]
 rule_joins = {s: j for s, j in split_join.items() if isinstance(j, str)}  # splits a validation metric lets in
 for name, rule in rule_joins.items():
@@ -303,12 +304,13 @@ def evaluate(m, stop):
     return out
 
 
-def forward_backward(m, x, y, ctx, scaler, accum, no_sync):
+def forward_backward(m, x, y, ctx, scaler, accum, no_sync, sparse):
     """One micro-batch: the loss (a scalar: no (B, T, V) logits are ever built) and its gradients, accumulated;
-    no_sync: DDP keeps them local (they are all-reduced on the last micro-step)."""
+    no_sync: DDP keeps them local (they are all-reduced on the last micro-step); sparse: only the rows with a
+    target (QA answers) reach the head."""
     with m.no_sync() if no_sync else contextlib.nullcontext():
         with ctx:
-            loss = m(x, y)[1] / accum
+            loss = m(x, y, sparse_targets=sparse)[1] / accum
         scaler.scale(loss).backward()
     return loss.detach().float()
 
@@ -458,7 +460,7 @@ while True:
         x, y = x.to(device), y.to(device)
         last_micro = micro == accum_local - 1  # DDP all-reduces the gradients on the last micro-step only
         try:
-            loss_sum += forward_backward(model, x, y, ctx, scaler, accum_local, ddp and not last_micro)
+            loss_sum += forward_backward(model, x, y, ctx, scaler, accum_local, ddp and not last_micro, sparse)
         except Exception as e:  # the first step compiles: say why it failed, then run eager
             if isinstance(e, torch.OutOfMemoryError) or "can't allocate memory" in str(e):
                 die(f"out of memory in the training step (batch_size={batch_size} x block_size={block_size} "
@@ -472,7 +474,7 @@ while True:
             print(f"warning: torch.compile failed ({why}); running eager", file=sys.stderr)
             model = raw_model
             raw_model.zero_grad(set_to_none=True)
-            loss_sum += forward_backward(model, x, y, ctx, scaler, accum_local, False)
+            loss_sum += forward_backward(model, x, y, ctx, scaler, accum_local, False, sparse)
         compiled_once = True
     if grad_clip > 0:
         for opt in optimizers:

@@ -236,3 +236,23 @@ def test_every_recurrence_is_covered():
         model = make(name, 2)
         assert (model.config.n_layer * 2 == len(model.transformer.h)) == spec.copies
         assert hasattr(model.transformer, "ln_inj") == spec.injects
+
+
+@pytest.mark.parametrize("recurrence", ["disco", "ponder", "none"])
+def test_sparse_targets_is_the_same_loss_and_gradient(recurrence):
+    """sparse_targets: the head and the loss run on the rows that have a target; same loss, same gradients."""
+    model = make(recurrence, 2, label_smoothing=0.1)
+    idx = torch.randint(0, 37, (4, 9))
+    targets = torch.full((4, 9), -1)
+    targets[:, 5] = torch.randint(0, 37, (4,))  # one answer token per row, as in the QA data
+    targets[1, 7] = 3
+    out = []
+    for sparse in (False, True):
+        model.zero_grad(set_to_none=True)
+        loss = model(idx, targets, sparse_targets=sparse)[1]
+        loss.backward()
+        out.append((loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}))
+    torch.testing.assert_close(out[0][0], out[1][0], rtol=1e-12, atol=1e-12)
+    assert out[0][1].keys() == out[1][1].keys()
+    for n in out[0][1]:
+        torch.testing.assert_close(out[0][1][n], out[1][1][n], rtol=1e-10, atol=1e-12, msg=n)
