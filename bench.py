@@ -263,6 +263,99 @@ def breaks_main(argv):
     return ex.graph_break_count
 
 
+def step_main(argv):
+    """bench.py step CONFIG [--variants=loop,disco] [--steps=10]: training steps of a config's real model on this
+    device (random tokens, fused AdamW/Muon, the config's dtype and compile), for each recurrence in variants, in one
+    process: peak memory (torch.cuda.max_memory_allocated) against `bench.py plan`'s figure at the same micro-batch,
+    median step time, tokens/s, MFU against --peak_flops (default: an H100's dense bf16 989 TFLOP/s), each step
+    time over the first variant's, and top-k Phi's share of the step (its forward + backward timed alone, x K-1)."""
+    import os
+    from configurator import train_defaults
+    from kernels import TopkPhi
+    from memory import plan
+    train_py = os.path.join(os.path.dirname(os.path.abspath(__file__)), "train.py")
+    try:
+        if not any(a.endswith(".py") for a in argv if not a.startswith("--")) and not {"-h", "--help"} & set(argv):
+            raise ConfigError("bench.py step needs a training config file, e.g. bench.py step config/pretrain.py")
+        extra = {"variants": "loop,disco",  # comma list of recurrences to measure (the first is the reference)
+                 "steps": 10}               # timed steps per variant (after 3 untimed)
+        c = configure({**train_defaults(), **extra}, argv, step_main.__doc__,
+                      [__file__, train_py, train_py.replace("train.py", "model.py")])
+        if not c["vocab_size"]:
+            raise ConfigError("vocab_size=0 (the dataset's) is unknown without the data: set --vocab_size")
+        names = c["variants"].split(",")
+        for r in names:
+            GPTConfig.from_dict({**c, "recurrence": r})  # the model keys' one validator, before any work
+        device = setup(c["device"], c["threads"])
+    except (ConfigError, ValueError) as e:
+        die(e)
+    dtype = resolve_dtype(c["dtype"], device)
+    ctx, cuda = autocast(device, dtype), device.startswith("cuda")
+    peak_flops = c["peak_flops"] or H100_BF16_PEAK
+    B, T, rows = c["batch_size"], c["block_size"], []
+
+    def sync():
+        if cuda:
+            torch.cuda.synchronize()
+
+    def timed(fn, n):
+        out = []
+        for _ in range(n):
+            sync()
+            t = time.perf_counter()
+            fn()
+            sync()
+            out.append(time.perf_counter() - t)
+        return statistics.median(out)
+
+    for r in names:
+        cfg = GPTConfig.from_dict({**c, "recurrence": r})
+        torch.manual_seed(0)
+        model = GPT(cfg).to(device)
+        opts = model.configure_optimizers(c["optimizer"], c["learning_rate"], c["weight_decay"], (c["beta1"], c["beta2"]),
+                                          c["adam_eps"], c["muon_momentum"], fused=cuda)
+        m = torch.compile(model) if c["compile"] else model
+        x = torch.randint(0, cfg.vocab_size, (B, T), device=device)
+        y = torch.randint(0, cfg.vocab_size, (B, T), device=device)
+
+        def step():
+            with ctx:
+                loss = m(x, y)[1]
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            for o in opts:
+                o.step()
+                o.zero_grad(set_to_none=True)
+
+        timed(step, 3)  # compiles, allocates optimizer state
+        if cuda:
+            torch.cuda.reset_peak_memory_stats()
+        dt = timed(step, c["steps"])
+        peak = torch.cuda.max_memory_allocated() / 1e9 if cuda else float("nan")
+        planned = plan({**c, "recurrence": r, "gradient_accumulation_steps": 1}, 1, DTYPES[dtype]).total / 1e9
+        share = float("nan")
+        if model.rec.phi and cfg.phi_topk:  # top-k Phi alone at the step's shape, forward + backward, K-1 times
+            h = torch.randn(B, T, cfg.n_embd, device=device, requires_grad=True)
+            W = model.transformer.wte.weight
+
+            def phi():
+                with ctx:
+                    e = TopkPhi.apply(h, W, cfg.phi_topk, cfg.phi_tau, cfg.phi_chunk or T)
+                e.float().sum().backward()
+            timed(phi, 2)
+            share = (cfg.n_loop - 1) * timed(phi, c["steps"]) / dt
+        flops = model.flops_per_token(T, recompute=False) * B * T
+        rows.append([RECURRENCES[r].label, round(dt * 1000, 1), round(B * T / dt), round(flops / dt / peak_flops, 4),
+                     round(peak, 2), round(planned, 2), round(share, 3)])
+        del model, m, opts
+        if cuda:
+            torch.cuda.empty_cache()
+    ref = rows[0][1]
+    print(f"device {device}, dtype {dtype}, compile {c['compile']}, micro-batch {B} x {T}, torch {torch.__version__}")
+    print(table(["recurrence", "step ms", "tokens/s", "MFU", "peak GB", "plan GB", "top-k Phi share", "step vs first"],
+                [row + [f"{row[1] / ref:.3f}x"] for row in rows]))
+
+
 def sample_main(argv):
     """bench.py sample CONFIG [--new_tokens=256] [--prompt=16]: new tokens per second of GPT.generate with and
     without the key/value cache per (loop, layer), at a training config's shape (random weights), in one run."""
@@ -302,6 +395,8 @@ if __name__ == "__main__":
         plan_main(sys.argv[2:])
     elif sys.argv[1:2] == ["breaks"]:
         breaks_main(sys.argv[2:])
+    elif sys.argv[1:2] == ["step"]:
+        step_main(sys.argv[2:])
     elif sys.argv[1:2] == ["sample"]:
         sample_main(sys.argv[2:])
     else:

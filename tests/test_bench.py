@@ -32,3 +32,12 @@ def test_bench_sample_reports_the_cache_speedup():
     assert "| with the (loop, layer) cache |" in r.stdout and "| without (whole prefix every token) |" in r.stdout
     r = run(["bench.py", "sample"])
     assert r.returncode == 2 and "needs a training config file" in r.stderr
+
+
+def test_bench_step_measures_every_variant():
+    """bench.py step (the GPU measurement of issue 33) runs at a toy shape on the CPU: a row per recurrence."""
+    r = run(["bench.py", "step", "config/pretrain_tiny.py", "--vocab_size=64", "--n_embd=32", "--n_head=2", "--n_layer=1",
+             "--block_size=16", "--batch_size=2", "--phi_topk=8", "--variants=loop,disco,ponder", "--steps=1",
+             "--threads=1", "--dtype=float32", "--compile=False"])
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert all(f"| {name} |" in r.stdout for name in ("vanilla loop", "DiscoLoop", "PonderLM"))

@@ -14,7 +14,7 @@ from conftest import run, tiny_train_args
 
 SCRIPTS = [["train.py"], ["eval_harness.py"], ["bench.py"], ["bench.py", "plan"], ["bench.py", "breaks"],
            ["data/symbolic/prepare.py"], ["data/nl/prepare.py"], ["data/pretrain/prepare.py"], ["data/pretrain/local_task.py"],
-           ["sample.py"], ["bench.py", "sample"]] \
+           ["sample.py"], ["bench.py", "sample"], ["bench.py", "step"]] \
     + [["probe.py", cmd] for cmd in ("acc", "lens", "sweep", "gate", "plot")]
 
 
