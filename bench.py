@@ -308,7 +308,8 @@ def step_main(argv):
             out.append(time.perf_counter() - t)
         return statistics.median(out)
 
-    for r in names:
+    def measure(r):
+        """One recurrence's row; its model and optimizer state are freed on return, before the next is built."""
         cfg = GPTConfig.from_dict({**c, "recurrence": r})
         torch.manual_seed(0)
         model = GPT(cfg).to(device)
@@ -345,9 +346,11 @@ def step_main(argv):
             timed(phi, 2)
             share = (cfg.n_loop - 1) * timed(phi, c["steps"]) / dt
         flops = model.flops_per_token(T, recompute=False) * B * T
-        rows.append([RECURRENCES[r].label, round(dt * 1000, 1), round(B * T / dt), round(flops / dt / peak_flops, 4),
-                     round(peak, 2), round(planned, 2), round(share, 3)])
-        del model, m, opts
+        return [RECURRENCES[r].label, round(dt * 1000, 1), round(B * T / dt), round(flops / dt / peak_flops, 4),
+                round(peak, 2), round(planned, 2), round(share, 3)]
+
+    for r in names:
+        rows.append(measure(r))
         if cuda:
             torch.cuda.empty_cache()
     ref = rows[0][1]

@@ -7,7 +7,6 @@ Sample from a trained model (nanoGPT's sample.py), with a key/value cache per (l
 The tokenizer is the checkpoint's (tiktoken, bytes or tokenizer.json for token shards; the vocabulary's
 words for a question-answer folder). The same --seed gives the same samples, with or without the cache.
 """
-import os
 import sys
 
 import torch

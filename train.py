@@ -95,13 +95,12 @@ memory_check = True          # on CUDA: print the memory plan and stop before al
 # -----------------------------------------------------------------------------
 defaults = {**GPTConfig.defaults(), **{k: v for k, v in globals().items() if k not in _not_config
                                        and not k.startswith("_") and isinstance(v, (int, float, bool, str, dict))}}
-config_keys = list(defaults)
 try:  # every key's one validator runs here (configurator.CHECKS); model keys are GPTConfig's
-    globals().update(configure(defaults, sys.argv[1:], __doc__, [__file__, sys.modules[GPTConfig.__module__].__file__]))
-    GPTConfig.from_dict({**globals(), "vocab_size": vocab_size or max(1, phi_topk)})  # 0 = the dataset's
+    config = configure(defaults, sys.argv[1:], __doc__, [__file__, sys.modules[GPTConfig.__module__].__file__])
+    GPTConfig.from_dict({**config, "vocab_size": config["vocab_size"] or max(1, config["phi_topk"])})  # 0: the data's
 except (ConfigError, ValueError) as e:
     die(e)
-config = {k: globals()[k] for k in config_keys}
+globals().update(config)  # nanoGPT's style: every key is a name below (model keys are read as config[...])
 
 # -----------------------------------------------------------------------------
 # processes and device (nanoGPT's DDP setup: torchrun sets RANK, LOCAL_RANK and WORLD_SIZE)
@@ -187,9 +186,10 @@ for name, rule in rule_joins.items():
         die(f"split_join[{name!r}]={rule!r}: {parse_join_rule(rule)[0]!r} is not a metric of this dataset (e.g. {val_metrics})")
 if stop_metric and stop_metric not in data.metric_names:
     die(f"stop_metric={stop_metric!r} is not among this dataset's metrics: {val_metrics}")
-if pos_shift and data.seq_len + pos_shift > block_size:
-    die(f"pos_shift={pos_shift} with training sequences of {data.seq_len} tokens needs block_size >= "
-        f"{data.seq_len + pos_shift}, not {block_size}")
+shift = config["pos_shift"]
+if shift and data.seq_len + shift > block_size:
+    die(f"pos_shift={shift} with training sequences of {data.seq_len} tokens needs block_size >= "
+        f"{data.seq_len + shift}, not {block_size}")
 if vocab_size and vocab_size < data.vocab_size:
     die(f"vocab_size={vocab_size} is smaller than the dataset's vocabulary ({data.vocab_size})")
 vocab_size = config["vocab_size"] = vocab_size or data.vocab_size
@@ -339,7 +339,7 @@ flops_per_iter = raw_model.flops_per_token(data.seq_len) * tokens_per_iter
 if master and not eval_only:  # eval_only changes no file but the row it appends
     log.start(iter_num, config, resumed=init_from == "resume", changes=changes, dtype_resolved=dtype,
               dtype_seconds=dtype_seconds)
-    print(f"{recurrence} K={n_loop}: {raw_model.get_num_params() / 1e6:.3f}M parameters, device {device}, dtype {dtype}"
+    print(f"{config['recurrence']} K={config['n_loop']}: {raw_model.get_num_params() / 1e6:.3f}M parameters, device {device}, dtype {dtype}"
           + (f", world size {world_size}" if ddp else ""))
     if not steps_per_epoch:  # a token budget: say what a step and the run are worth
         print(f"tokens per iteration {tokens_per_iter:,} ({world_size} processes x {accum_local} micro-steps x "

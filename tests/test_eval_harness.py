@@ -1,6 +1,5 @@
 """eval_harness.py offline: local YAML tasks on a tiny checkpoint trained in the test."""
 import json
-import os
 
 import pytest
 import torch

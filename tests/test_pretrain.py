@@ -2,7 +2,6 @@
 import importlib.util
 import json
 import os
-import shutil
 
 import numpy as np
 import pytest

@@ -1,6 +1,5 @@
 """No run loses work: failed saves leave no orphans, one run per out_dir, no silent overwrite,
 eval_only changes nothing, interruptions keep every row, torn metrics lines, DDP preemption."""
-import json
 import os
 import signal
 import subprocess
