@@ -64,23 +64,23 @@ def check_ours(out_dir, kind, generator, config, keys, added=()):
     if not os.path.exists(out_dir):
         return "absent"
     if not os.path.isdir(out_dir):
-        raise DataError(f"out_dir '{out_dir}' is a file, not a folder")
+        raise DataError(f"'{out_dir}' is a file, not a data folder")
     if not os.path.exists(os.path.join(out_dir, "meta.json")):
         if not os.listdir(out_dir):
             return "absent"
         raise DataError(f"'{out_dir}' exists and is not a prepared dataset (no meta.json): left untouched; "
-                        "choose another out_dir or empty it")
+                        "choose another folder or empty it")
     meta = read_meta(out_dir)
     have_kind = kind_of(meta)
     made_by = generator_of(meta, {generator: (keys, added)})
     if have_kind != kind or made_by != generator:
         raise DataError(f"'{out_dir}' holds a {have_kind!r} dataset made by {made_by or 'another generator'}, "
-                        f"not by data/{generator}/prepare.py: left untouched; choose another out_dir")
+                        f"not by data/{generator}/prepare.py: left untouched; choose another folder")
     have = meta.get("config", {})
     for k in keys:
         if k in have and have[k] != config[k]:
             raise DataError(f"'{out_dir}' was prepared with {k}={have[k]!r}, not {config[k]!r}: left untouched; "
-                            "delete it or choose another out_dir")
+                            "delete it or choose another folder")
     missing = [k for k in keys if k not in have]
     return "upgrade" if missing or "generator" not in meta else "same"
 

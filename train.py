@@ -315,16 +315,27 @@ def forward_backward(m, x, y, ctx, scaler, accum, no_sync, sparse):
     return loss.detach().float()
 
 
-def nonfinite_anywhere(flag, params):
-    """True if a loss or gradient was flagged non-finite on the device, or a weight is (one host sync)."""
-    bad = flag | ~torch.isfinite(torch.stack(torch._foreach_norm(params))).all()
+def nonfinite_anywhere(flag, tensors):
+    """True if a loss or gradient was flagged non-finite on the device, or a weight or optimizer state is (one
+    host sync): what a checkpoint would hold is checked before it is written."""
+    bad = flag | ~torch.isfinite(torch.stack(torch._foreach_norm(tensors))).all()
     if ddp:
         bad = bad.to(torch.int32)
         torch.distributed.all_reduce(bad, op=torch.distributed.ReduceOp.MAX)
     return bool(bad.item())
 
 
-def stop_nonfinite(it, saved_at):
+def checked():
+    """The floating tensors a checkpoint holds: weights and optimizer state (AdamW's moments, Muon's momentum)."""
+    state = [t for o in optimizers for st in o.state.values() for t in st.values()
+             if torch.is_tensor(t) and t.is_floating_point() and t.dim() > 0]
+    return list(raw_model.parameters()) + state
+
+
+def stop_nonfinite(it, saved_at, resumed_at):
+    if it == resumed_at:  # nothing trained yet in this process: the checkpoint itself holds them (ours never does)
+        die(f"checkpoint '{ckpt_path}' (iteration {it}) holds non-finite weights or optimizer state: resume from "
+            "another copy, or start over with --overwrite=True")
     kept = (f"the last good checkpoint ({ckpt_path}, iteration {saved_at}) is kept" if saved_at >= 0
             else "no checkpoint was written")
     die(f"loss, gradients or weights became non-finite before iteration {it}; stopping, {kept} "
@@ -392,6 +403,7 @@ if eval_only:  # evaluate the checkpoint in out_dir, append one row, change noth
 
 nonfinite = torch.zeros((), dtype=torch.bool, device=device)  # set on the device, read when logging or saving
 saved_at = iter_num if init_from == "resume" else -1  # the iteration in ckpt.pt (-1: none yet)
+resumed_at = iter_num if init_from == "resume" else -1  # where this process took over
 compiled_once, first_pass = False, True
 eval_model = ema if ema is not None else raw_model  # evaluation and probes read the weight average
 while True:
@@ -400,8 +412,8 @@ while True:
     at_eval = iter_num % eval_interval == 0 or iter_num >= max_iters
     early_stopped = False
     if at_eval or stopping:
-        if nonfinite_anywhere(nonfinite, list(raw_model.parameters())):  # never evaluate or save poisoned weights
-            stop_nonfinite(iter_num, saved_at)
+        if nonfinite_anywhere(nonfinite, checked()):  # never evaluate or save poisoned weights or optimizer state
+            stop_nonfinite(iter_num, saved_at, resumed_at)
         # the resumed iteration's evaluation is in metrics.jsonl, unless a stop abandoned it: then it runs now
         if master and at_eval and not stopping and not log.evaluated(iter_num):
             metrics = evaluate(eval_model, stop)  # None if a stop request arrived meanwhile
@@ -498,8 +510,8 @@ while True:
         if ddp:  # every rank logs the same number
             torch.distributed.all_reduce(loss_sum)
             loss_sum /= world_size
-        if nonfinite_anywhere(nonfinite, list(raw_model.parameters())):
-            stop_nonfinite(iter_num, saved_at)
+        if nonfinite_anywhere(nonfinite, checked()):
+            stop_nonfinite(iter_num, saved_at, resumed_at)
         dt, t0 = (time.time() - t0) / log_interval, time.time()
         last = {"loss": round(loss_sum.item(), 5), "lr": lr, "tok_per_s": round(tokens_per_iter / dt),
                 "tflops": round(flops_per_iter / dt / world_size / 1e12, 4)}

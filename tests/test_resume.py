@@ -105,3 +105,21 @@ def test_eval_only_after_an_abandoned_evaluation_changes_nothing(tiny_data, tmp_
     assert [m for m in rows(cut) if not m.get("eval_only")] == rows(live)
     a, b = (torch.load(os.path.join(d, "ckpt.pt"), weights_only=True)["model"] for d in (live, cut))
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_checkpoint_holding_nonfinite_optimizer_state_is_named(trained, tiny_data, tmp_path):
+    """Weights finite, AdamW's second moment inf: the resume stops at once and blames the file itself (it never
+    calls that file "the last good checkpoint"); our own saves are checked, weights and optimizer state alike."""
+    import shutil
+    from checkpoint import save_checkpoint
+    out = str(tmp_path / "inf")
+    shutil.copytree(trained, out)
+    ck = torch.load(os.path.join(out, "ckpt.pt"), weights_only=True)
+    ck.pop("crc32")
+    state = ck["optimizers"][0]["state"]
+    next(iter(state.values()))["exp_avg_sq"].fill_(float("inf"))
+    save_checkpoint(ck, os.path.join(out, "ckpt.pt"))
+    r = run(tiny_train_args(tiny_data, out, "--max_iters=20", "--eval_interval=10", "--ema_decay=0.9",
+                            "--init_from=resume"))
+    one_line(r, "holds non-finite weights or optimizer state")
+    assert "last good checkpoint" not in r.stderr
