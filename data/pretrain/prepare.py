@@ -158,6 +158,8 @@ def _rows(spec, text_column):
     import datasets
     from datasets import load_dataset
     datasets.logging.set_verbosity(datasets.logging.CRITICAL)  # a failure is reported below, in one line
+    import huggingface_hub
+    huggingface_hub.utils.logging.set_verbosity_error()  # ... and so is a hub that does not answer (no retry lines)
     if not spec.startswith("hf:"):
         ext = spec.rsplit(".", 1)[-1]
         kind = {"parquet": "parquet", "jsonl": "json", "json": "json"}.get(ext)
@@ -165,6 +167,13 @@ def _rows(spec, text_column):
             raise ConfigError(f"data file '{spec}' " + ("not found" if kind else "must be .parquet, .jsonl or .json"))
         if os.path.getsize(spec) == 0:
             return  # an empty source: no documents
+    if spec.startswith("hf:") and not (os.environ.get("HF_DATASETS_OFFLINE") or os.environ.get("HF_HUB_OFFLINE")):
+        import socket
+        try:  # no name for the hub: say so now, not after half a minute of retries
+            socket.getaddrinfo("huggingface.co", 443)
+        except OSError:
+            raise ConfigError(f"source '{spec}': the hub (huggingface.co) cannot be reached from here; pass local "
+                              "files with --data_files, or set HF_DATASETS_OFFLINE=1 to read the local cache") from None
     try:  # a source that cannot be read (malformed file, hub out of reach) is one line, not a library's traceback
         if spec.startswith("hf:"):
             _, name, cfg = spec.split(":", 2)
