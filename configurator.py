@@ -186,7 +186,7 @@ def script_defaults(path):
     lines = src.splitlines()
     out = {}
     for node in ast.parse(src).body:
-        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "config_keys":
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") in ("defaults", "config_keys"):
             break  # the end of the defaults block
         if (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
                 and not node.targets[0].id.startswith("_")):
