@@ -182,8 +182,9 @@ sparse = kind_of(meta) == "qa"  # one answer token per question: the head runs o
 val_metrics = [m for m in data.metric_names if "val" in m]
 rule_joins = {s: j for s, j in split_join.items() if isinstance(j, str)}  # splits a validation metric lets in
 for name, rule in rule_joins.items():
-    if parse_join_rule(rule)[0] not in data.metric_names:
-        die(f"split_join[{name!r}]={rule!r}: {parse_join_rule(rule)[0]!r} is not a metric of this dataset (e.g. {val_metrics})")
+    metric = parse_join_rule(rule)[0]
+    if metric not in data.metric_names:
+        die(f"split_join[{name!r}]={rule!r}: {metric!r} is not a metric of this dataset (e.g. {val_metrics})")
 if stop_metric and stop_metric not in data.metric_names:
     die(f"stop_metric={stop_metric!r} is not among this dataset's metrics: {val_metrics}")
 shift = config["pos_shift"]
@@ -510,7 +511,7 @@ while True:
         if ddp:  # every rank logs the same number
             torch.distributed.all_reduce(loss_sum)
             loss_sum /= world_size
-        if nonfinite_anywhere(nonfinite, checked()):
+        if nonfinite_anywhere(nonfinite, list(raw_model.parameters())):  # the state is checked before saves
             stop_nonfinite(iter_num, saved_at, resumed_at)
         dt, t0 = (time.time() - t0) / log_interval, time.time()
         last = {"loss": round(loss_sum.item(), 5), "lr": lr, "tok_per_s": round(tokens_per_iter / dt),
