@@ -117,6 +117,35 @@ def resume_changes(saved, config, saved_dtype):
     return changed, None
 
 
+def load_for_resume(path, config, data_config, rows):
+    """(checkpoint, {key: [checkpoint's, now]} this resume changes), or a one-line CheckpointError: the model,
+    the data's generating config and the curriculum's acted joins must be what the weights were trained with."""
+    from runlog import joins_changed  # the curriculum's rule reads the metrics rows
+    ckpt = load_checkpoint(path, required=RESUME_KEYS)
+    changes, why = resume_changes(ckpt["config"], config, ckpt.get("dtype"))
+    why = why or config_mismatch(ckpt["model_args"], config, list(GPTConfig.__dataclass_fields__)) \
+        or config_mismatch(ckpt.get("data_config", {}), data_config, list(data_config)) \
+        or joins_changed(ckpt["config"].get("split_join", {}), config["split_join"], rows, ckpt["iter_num"])
+    if why:
+        raise CheckpointError(f"cannot resume from {path}: {why}")
+    return ckpt, changes
+
+
+def restore_training(ckpt, path, optimizers, ema, device_type, need_optimizer=True):
+    """A resumed run's optimizer state, RNG states and weight average, from its checkpoint (the weights are
+    loaded with the model). Without optimizer state a fresh optimizer would not continue the run: refused."""
+    if need_optimizer and (len(ckpt["optimizers"]) != len(optimizers) or not all(s.get("state") for s in ckpt["optimizers"])):
+        raise CheckpointError(f"cannot resume from {path}: it holds no optimizer state for this run's "
+                              f"{len(optimizers)} optimizer(s); a fresh optimizer would not continue the run")
+    for opt, state in zip(optimizers, ckpt["optimizers"]):
+        opt.load_state_dict(state)
+    torch.set_rng_state(ckpt["rng_cpu"])
+    if device_type == "cuda" and "rng_cuda" in ckpt:
+        torch.cuda.set_rng_state(ckpt["rng_cuda"])
+    if ema is not None and "ema" in ckpt:
+        ema.load_state_dict(ckpt["ema"])
+
+
 def strip_compile_prefix(state_dict):
     # torch.compile wraps the module as _orig_mod; checkpoints from older code may carry the prefix
     return {k.removeprefix("_orig_mod."): v for k, v in state_dict.items()}

@@ -10,6 +10,9 @@ bf16 only once if it is already slower); a CPU without one is fp32 without timin
 """
 import contextlib
 import functools
+import os
+import signal
+import threading
 import time
 
 import torch
@@ -18,8 +21,6 @@ import torch.nn.functional as F
 from datafolder import DataError  # noqa: F401  (re-exported: every script imports it from here)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
 
 
 def table(header, rows):
@@ -139,3 +140,38 @@ def autocast(device, dtype):
     if dtype == "float32":
         return contextlib.nullcontext()
     return torch.autocast(device_type=device.split(":")[0], dtype=DTYPES[dtype])
+
+
+# Under DDP a signal reaches the ranks at different moments: they agree on stopping, early stopping and joins
+# through a small CPU (gloo) process group, so no rank leaves while another waits in a collective.
+def rank0_decides(value, group):
+    """Rank 0's integer, on every rank (group None: no DDP, the value itself)."""
+    t = torch.tensor([int(value)])
+    if group is not None:
+        torch.distributed.broadcast(t, src=0, group=group)
+    return t.item()
+
+
+def any_rank(flag, group):
+    """True on every rank when it is true on any: a signal that reached one rank stops them all together."""
+    t = torch.tensor([int(flag)])
+    if group is not None:
+        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX, group=group)
+    return bool(t.item())
+
+
+def stop_on_signals():
+    """An Event that SIGTERM / Ctrl-C set (finish the step or abandon an evaluation, save, exit 0); a second
+    signal exits at once, leaving the last checkpoint on disk intact."""
+    stop = threading.Event()
+
+    def request_stop(signum, frame):
+        if stop.is_set():
+            os.write(2, f"error: second {signal.Signals(signum).name}: exiting at once without saving; the last "
+                        f"checkpoint on disk is intact\n".encode())
+            os._exit(130)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, request_stop)
+    signal.signal(signal.SIGINT, request_stop)
+    return stop

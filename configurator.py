@@ -167,6 +167,29 @@ def check(config):
             check_output_file(k, config[k])
 
 
+def check_with_data(config, data):
+    """The keys that are checked against the training data (train.py, once the folder is open): metric names,
+    the position shift, the vocabulary, and a first batch that the mix at iteration 0 can fill."""
+    names, val = data.metric_names, [m for m in data.metric_names if "val" in m]
+    for split, rule in config["split_join"].items():
+        if isinstance(rule, str) and parse_join_rule(rule)[0] not in names:
+            raise ConfigError(f"split_join[{split!r}]={rule!r}: {parse_join_rule(rule)[0]!r} is not a metric of this "
+                              f"dataset (e.g. {val})")
+    if config["stop_metric"] and config["stop_metric"] not in names:
+        raise ConfigError(f"stop_metric={config['stop_metric']!r} is not among this dataset's metrics: {val}")
+    shift, block = config["pos_shift"], config["block_size"]
+    if shift and data.seq_len + shift > block:
+        raise ConfigError(f"pos_shift={shift} with training sequences of {data.seq_len} tokens needs block_size >= "
+                          f"{data.seq_len + shift}, not {block}")
+    if config["vocab_size"] and config["vocab_size"] < data.vocab_size:
+        raise ConfigError(f"vocab_size={config['vocab_size']} is smaller than the dataset's vocabulary ({data.vocab_size})")
+    first = int((data.row_join == 0).sum()) if hasattr(data, "row_join") else None  # QA: examples in the mix at 0
+    batch, accum = config["batch_size"], config["gradient_accumulation_steps"]
+    if first is not None and batch * accum > first:
+        raise ConfigError(f"batch_size={batch} x gradient_accumulation_steps={accum} is more than the {first} training "
+                          f"examples in the mix at iteration 0 of '{config['data_dir']}': allowed at most {first}")
+
+
 def check_output_file(key, path):
     """Before the work: the file's folder exists (made now if missing) and is writable, and path is no folder."""
     folder = os.path.dirname(os.path.abspath(path))

@@ -2,7 +2,7 @@
 Prepared data folders: what a folder is, whether a script may touch it, and the prepare scripts.
 
 Every folder's meta.json names its `kind` ('qa': question-answer splits, tasks.py; 'tokens': token
-shards, shards.py) and its `generator` (the data/<generator>/prepare.py that made it) with that
+shards, shards.py; 'tasks': lm-eval task YAMLs, data/benchmarks) and its `generator` (the data/<generator>/prepare.py that made it) with that
 script's `config`. The rule every prepare script follows: it deletes or rewrites only a folder it can
 prove it made, i.e. same kind, same generator, same config. Anything else is one line and stays
 untouched. Folders written before meta.json named kind and generator are recognized by their config
@@ -15,7 +15,7 @@ import json
 import os
 
 REPO = os.path.dirname(os.path.abspath(__file__))
-KINDS = ("qa", "tokens")
+KINDS = ("qa", "tokens", "tasks")  # tasks: lm-eval task YAMLs and their data (data/benchmarks)
 
 
 class DataError(ValueError):
@@ -108,6 +108,32 @@ def load_prepare(generator):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def open_data(dataset, data_dir, data_args, block_size, eval_iters, seed, split_join, make=True, barrier=None):
+    """The training data of a folder, by the kind its meta.json names: QAData (question-answer folders) or
+    TokenData (token shards), one interface (vocab_size, config, seq_len, steps_per_epoch, get_batch,
+    evaluate, metric_names). make: run data/<dataset>/prepare.py first where it says that is cheap (QA
+    folders: a no-op when this generator made the folder with this config), or for a token corpus when
+    data_args says how; barrier: under DDP, the other ranks wait for rank 0's prepare."""
+    from configurator import merge  # imported here: these modules read folders through this one
+    from shards import TokenData
+    from tasks import QAData
+    prep = load_prepare(dataset)
+    if make and (prep.ON_FIRST_USE or (data_args and not os.path.exists(os.path.join(data_dir, "meta.json")))):
+        prep.prepare(merge(prep.DEFAULTS, {**data_args, "out_dir": data_dir}, "data_args"))
+    if barrier:
+        barrier()
+    meta = read_meta(data_dir)
+    if meta.get("generator", dataset) != dataset:
+        raise DataError(f"data_dir={data_dir!r} holds data made by data/{meta['generator']}/prepare.py, "
+                        f"not dataset={dataset!r}")
+    if kind_of(meta) == "tokens":
+        if split_join:
+            raise DataError(f"split_join={split_join!r} is for QA datasets; a token corpus has no splits to join")
+        return TokenData(data_dir, block_size, eval_iters, seed)
+    # a join by rule ('acc/val_id>=0.9') is not known yet: the split waits until train.py sets it
+    return QAData(data_dir, block_size, {s: None if isinstance(j, str) else j for s, j in split_join.items()})
 
 
 def generators():

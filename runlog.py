@@ -18,6 +18,22 @@ class RunError(ValueError):
     pass
 
 
+def open_run_folder(out_dir, lock=True):
+    """Make out_dir and prove it writable now, not at the first checkpoint; with lock, hold it for this process
+    (lock_run_folder). A one-line RunError for a file in its place, an unwritable folder or a live holder."""
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        raise RunError(f"out_dir={out_dir!r} is an existing file, not a folder")
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+        probe = os.path.join(out_dir, f".write-test-{os.getpid()}")
+        with open(probe, "w"):
+            pass
+        os.remove(probe)
+    except OSError as e:
+        raise RunError(f"out_dir={out_dir!r} is not writable ({e.strerror})") from None
+    return lock_run_folder(out_dir) if lock else None
+
+
 def lock_run_folder(out_dir):
     """Hold an exclusive lock on out_dir for the life of this process, so that two runs never share
     a folder. The kernel drops the lock when the holder dies, so a killed run never blocks the next.
@@ -131,6 +147,18 @@ class RunLog:
         self.metrics_path = os.path.join(out_dir, "metrics.jsonl")
         self.config_path = os.path.join(out_dir, "config.json")
         self.rows = []
+        self.wandb = None
+
+    def start_wandb(self, project, name, config):
+        """Also send every row to wandb; no login or no network is one line before any training."""
+        import wandb
+        try:
+            wandb.init(project=project, name=name, config=config, resume="allow")
+        except Exception as e:
+            raise RunError(f"wandb_log=True but wandb could not start ({type(e).__name__}: "
+                           f"{(str(e).strip().splitlines() or [''])[0][:160]}): run `wandb login`, set "
+                           "WANDB_MODE=offline, or pass --wandb_log=False") from None
+        self.wandb = wandb
 
     def read(self):
         self.rows = read_metrics(self.metrics_path)
@@ -158,6 +186,8 @@ class RunLog:
     def append(self, row):
         append_metrics(self.metrics_path, row)
         self.rows.append(row)
+        if self.wandb is not None:
+            self.wandb.log(row, step=row["iter"])
 
     def evaluated(self, it):
         """Whether the run itself evaluated iteration `it` (an --eval_only row does not count)."""

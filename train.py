@@ -20,7 +20,6 @@ import math
 import os
 import signal
 import sys
-import threading
 import time
 
 import torch
@@ -28,15 +27,13 @@ from torch.distributed import destroy_process_group, init_process_group
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
-from common import (DTYPES, DataError, autocast, cpu_has_bf16_flag, model_step_timer, pick_cpu_dtype, resolve_device,
-                    resolve_dtype)
-from datafolder import kind_of, load_prepare, read_meta
-from checkpoint import (RESUME_KEYS, CheckpointError, config_mismatch, load_checkpoint, resume_changes, save_checkpoint,
-                        strip_compile_prefix)
-from configurator import ConfigError, configure, die, merge, parse_join_rule
+from common import (DTYPES, DataError, any_rank, autocast, cpu_has_bf16_flag, model_step_timer, pick_cpu_dtype,
+                    rank0_decides, resolve_device, resolve_dtype, stop_on_signals)
+from datafolder import open_data
+from checkpoint import CheckpointError, load_for_resume, restore_training, save_checkpoint, strip_compile_prefix
+from configurator import ConfigError, check_with_data, configure, die
 from model import GPT, GPTConfig
-from runlog import RunError, RunLog, joins_changed, lock_run_folder
-from shards import TokenData
+from runlog import RunError, RunLog, open_run_folder
 from tasks import QAData
 
 _not_config = set(globals())  # every name above (imports) is not a config key
@@ -128,103 +125,37 @@ if threads:
 if device_type == "cuda":
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
-# under DDP a signal reaches the ranks at different moments: they agree on stopping, early stopping and joins
-# through a small CPU (gloo) group, so no rank leaves while another waits in a collective
-ctrl_group = torch.distributed.new_group(backend="gloo") if ddp else None
-
-
-def rank0_decides(value):
-    """Rank 0's integer, on every rank (a no-op without DDP)."""
-    t = torch.tensor([int(value)])
-    if ddp:
-        torch.distributed.broadcast(t, src=0, group=ctrl_group)
-    return t.item()
-
-
-def any_rank(flag):
-    """True on every rank when it is true on any: a signal that reached one rank stops them all together."""
-    t = torch.tensor([int(flag)])
-    if ddp:
-        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX, group=ctrl_group)
-    return bool(t.item())
-
+ctrl_group = torch.distributed.new_group(backend="gloo") if ddp else None  # stop/early-stop/join agreement (common.py)
 
 # -----------------------------------------------------------------------------
 # data: the folder says what it is (meta.json's kind); data/<dataset>/prepare.py makes it on first use
 data_dir = os.path.abspath(data_dir)
 try:
-    prep = load_prepare(dataset)
-    # where the prepare script says it is cheap (QA folders: a no-op when this generator made the folder with
-    # this config); a token corpus only when data_args says how (a job of its own)
-    if master and (prep.ON_FIRST_USE or (data_args and not os.path.exists(os.path.join(data_dir, "meta.json")))):
-        prep.prepare(merge(prep.DEFAULTS, {**data_args, "out_dir": data_dir}, "data_args"))
-    if ddp:
-        torch.distributed.barrier()
-    meta = read_meta(data_dir)
-    if meta.get("generator", dataset) != dataset:
-        raise DataError(f"data_dir={data_dir!r} holds data made by data/{meta['generator']}/prepare.py, "
-                        f"not dataset={dataset!r}")
-    # one interface for both kinds: vocab_size, config, seq_len, steps_per_epoch, get_batch, evaluate, metric_names
-    if kind_of(meta) == "tokens":
-        if split_join:
-            raise DataError(f"split_join={split_join!r} is for QA datasets; a token corpus has no splits to join")
-        data = TokenData(data_dir, block_size, eval_iters, seed)
-    else:
-        data = QAData(data_dir, block_size, {s: None if isinstance(j, str) else j for s, j in split_join.items()})
-        first = int((data.row_join == 0).sum())  # the examples in the mix at iteration 0
-        if global_batch > first:
-            raise DataError(f"batch_size={batch_size} x gradient_accumulation_steps={gradient_accumulation_steps} is "
-                            f"more than the {first} training examples in the mix at iteration 0 of '{data_dir}': "
-                            f"allowed at most {first}")
+    data = open_data(dataset, data_dir, data_args, block_size, eval_iters, seed, split_join, make=master,
+                     barrier=torch.distributed.barrier if ddp else None)
+    check_with_data(config, data)  # keys that need the data: metric names, pos_shift, vocab, the first batch
 except (DataError, ConfigError) as e:
     die(e)
-sparse = kind_of(meta) == "qa"  # one answer token per question: the head runs on the answer rows alone
-val_metrics = [m for m in data.metric_names if "val" in m]
+sparse = isinstance(data, QAData)  # one answer token per question: the head runs on the answer rows alone
 rule_joins = {s: j for s, j in split_join.items() if isinstance(j, str)}  # splits a validation metric lets in
-for name, rule in rule_joins.items():
-    metric = parse_join_rule(rule)[0]
-    if metric not in data.metric_names:
-        die(f"split_join[{name!r}]={rule!r}: {metric!r} is not a metric of this dataset (e.g. {val_metrics})")
-if stop_metric and stop_metric not in data.metric_names:
-    die(f"stop_metric={stop_metric!r} is not among this dataset's metrics: {val_metrics}")
-shift = config["pos_shift"]
-if shift and data.seq_len + shift > block_size:
-    die(f"pos_shift={shift} with training sequences of {data.seq_len} tokens needs block_size >= "
-        f"{data.seq_len + shift}, not {block_size}")
-if vocab_size and vocab_size < data.vocab_size:
-    die(f"vocab_size={vocab_size} is smaller than the dataset's vocabulary ({data.vocab_size})")
 vocab_size = config["vocab_size"] = vocab_size or data.vocab_size
 
 # -----------------------------------------------------------------------------
 # the run folder: one run at a time; a resume continues only what its checkpoint was trained with
-if os.path.exists(out_dir) and not os.path.isdir(out_dir):
-    die(f"out_dir={out_dir!r} is an existing file, not a folder")
-try:  # fail now, not at the first checkpoint
-    os.makedirs(out_dir, exist_ok=True)
-    with open(os.path.join(out_dir, f".write-test-{os.getpid()}"), "w"):
-        pass
-    os.remove(os.path.join(out_dir, f".write-test-{os.getpid()}"))
-    run_lock = lock_run_folder(out_dir) if master else None  # a second run on out_dir stops here, naming the holder
-except (OSError, RunError) as e:
-    die(e if isinstance(e, RunError) else f"out_dir={out_dir!r} is not writable ({e.strerror})")
+try:  # fail now, not at the first checkpoint; a second run on out_dir stops here, naming the holder
+    run_lock = open_run_folder(out_dir, lock=master)
+except RunError as e:
+    die(e)
 ckpt_path, log = os.path.join(out_dir, "ckpt.pt"), RunLog(out_dir)
 if init_from == "scratch" and not eval_only and not overwrite and os.path.exists(ckpt_path):
     die(f"out_dir '{out_dir}' already holds a checkpoint: continue it with --init_from=resume, "
         "or start over with --overwrite=True (replaces ckpt.pt and metrics.jsonl)")
-model_fields = list(GPTConfig.__dataclass_fields__)
 ckpt, iter_num, changes = None, 0, {}
 if init_from == "resume" or eval_only:  # eval_only evaluates the checkpoint in out_dir
-    log.read()
     try:
-        ckpt = load_checkpoint(ckpt_path, required=RESUME_KEYS)
+        ckpt, changes = load_for_resume(ckpt_path, config, data.config, log.read())
     except CheckpointError as e:
         die(e)
-    changes, why = resume_changes(ckpt["config"], config, ckpt.get("dtype"))
-    why = why or config_mismatch(ckpt["model_args"], config, model_fields) \
-        or config_mismatch(ckpt.get("data_config", {}), data.config, list(data.config)) \
-        or joins_changed(ckpt["config"].get("split_join", {}), split_join, log.rows, ckpt["iter_num"])
-    if why:
-        die(f"cannot resume from {ckpt_path}: {why}")
     iter_num = ckpt["iter_num"]
 
 # -----------------------------------------------------------------------------
@@ -239,7 +170,7 @@ if device_type == "cuda" and memory_check:  # measured with fake tensors: an OOM
     if why:
         die(why)
 torch.manual_seed(seed)  # same initial weights on every rank (DDP also broadcasts rank 0's)
-model_args = {k: config[k] for k in model_fields}  # stored in checkpoints
+model_args = {k: config[k] for k in GPTConfig.__dataclass_fields__}  # stored in checkpoints
 model = GPT(GPTConfig.from_dict(config))
 if ckpt is not None:
     model.load_state_dict(strip_compile_prefix(ckpt["model"]))
@@ -250,22 +181,17 @@ if dtype == "auto":  # a CPU: bf16 only where THIS model's training step is meas
     x, y = data.get_batch(0, global_batch, 0, gradient_accumulation_steps, seed)
     timer = model_step_timer(model, x.to(device), y.to(device))
     choice = list(DTYPES).index(pick_cpu_dtype(cpu_has_bf16_flag(), timer)) if master else 0
-    dtype, dtype_seconds = list(DTYPES)[rank0_decides(choice)], timer.seconds
+    dtype, dtype_seconds = list(DTYPES)[rank0_decides(choice, ctrl_group)], timer.seconds
 ctx = autocast(device, dtype)
 optimizers = model.configure_optimizers(optimizer, learning_rate, weight_decay, (beta1, beta2), adam_eps,
                                         muon_momentum, fused=device_type == "cuda")
 ema = copy.deepcopy(model).requires_grad_(False) if ema_decay > 0 else None  # weight average: evaluated, probed
+eval_model = ema if ema is not None else model
 if ckpt is not None:
-    if not eval_only and (len(ckpt["optimizers"]) != len(optimizers) or not all(s.get("state") for s in ckpt["optimizers"])):
-        die(f"cannot resume from {ckpt_path}: it holds no optimizer state for this run's {len(optimizers)} "
-            "optimizer(s); a fresh optimizer would not continue the run")
-    for opt, state in zip(optimizers, ckpt["optimizers"]):
-        opt.load_state_dict(state)
-    torch.set_rng_state(ckpt["rng_cpu"])
-    if device_type == "cuda" and "rng_cuda" in ckpt:
-        torch.cuda.set_rng_state(ckpt["rng_cuda"])
-    if ema is not None and "ema" in ckpt:
-        ema.load_state_dict(ckpt["ema"])
+    try:
+        restore_training(ckpt, ckpt_path, optimizers, ema, device_type, need_optimizer=not eval_only)
+    except CheckpointError as e:
+        die(e)
 scaler = torch.amp.GradScaler(device_type, enabled=(dtype == "float16"))
 raw_model = model
 if compile:
@@ -316,21 +242,17 @@ def forward_backward(m, x, y, ctx, scaler, accum, no_sync, sparse):
     return loss.detach().float()
 
 
-def nonfinite_anywhere(flag, tensors):
-    """True if a loss or gradient was flagged non-finite on the device, or a weight or optimizer state is (one
-    host sync): what a checkpoint would hold is checked before it is written."""
-    bad = flag | ~torch.isfinite(torch.stack(torch._foreach_norm(tensors))).all()
+def nonfinite_anywhere(flag, with_state):
+    """True if a loss or gradient was flagged non-finite on the device, or a weight (with_state: or optimizer
+    state, AdamW's moments, Muon's momentum) is, on any rank (one host sync): a checkpoint is checked before
+    it is written."""
+    state = [t for o in optimizers for st in o.state.values() for t in st.values()
+             if with_state and torch.is_tensor(t) and t.is_floating_point() and t.dim() > 0]
+    bad = (flag | ~torch.isfinite(torch.stack(torch._foreach_norm(list(raw_model.parameters()) + state))).all())
     if ddp:
         bad = bad.to(torch.int32)
         torch.distributed.all_reduce(bad, op=torch.distributed.ReduceOp.MAX)
     return bool(bad.item())
-
-
-def checked():
-    """The floating tensors a checkpoint holds: weights and optimizer state (AdamW's moments, Muon's momentum)."""
-    state = [t for o in optimizers for st in o.state.values() for t in st.values()
-             if torch.is_tensor(t) and t.is_floating_point() and t.dim() > 0]
-    return list(raw_model.parameters()) + state
 
 
 def stop_nonfinite(it, saved_at, resumed_at):
@@ -356,27 +278,12 @@ if master and not eval_only:  # eval_only changes no file but the row it appends
     if not steps_per_epoch:  # a token budget: say what a step and the run are worth
         print(f"tokens per iteration {tokens_per_iter:,} ({world_size} processes x {accum_local} micro-steps x "
               f"{batch_size} x {block_size}); {max_iters} iterations = {tokens_per_iter * max_iters:,} tokens")
-if wandb_log and master:
-    import wandb
-    try:
-        wandb.init(project=wandb_project, name=wandb_run_name, config=config, resume="allow")
-    except Exception as e:  # no login, no network: say so before any training, not as wandb's traceback
-        die(f"wandb_log=True but wandb could not start ({type(e).__name__}: "
-            f"{(str(e).strip().splitlines() or [''])[0][:160]}): run `wandb login`, set WANDB_MODE=offline, "
-            "or pass --wandb_log=False")
-stop = threading.Event()  # set by SIGTERM / Ctrl-C: finish the step (or abandon an evaluation), save, exit 0
-
-
-def request_stop(signum, frame):
-    if stop.is_set():  # a second signal: exit now
-        os.write(2, f"error: second {signal.Signals(signum).name}: exiting at once without saving; the last "
-                    f"checkpoint on disk is intact\n".encode())
-        os._exit(130)
-    stop.set()
-
-
-signal.signal(signal.SIGTERM, request_stop)
-signal.signal(signal.SIGINT, request_stop)
+try:
+    if wandb_log and master:
+        log.start_wandb(wandb_project, wandb_run_name, config)
+except RunError as e:
+    die(e)
+stop = stop_on_signals()  # SIGTERM / Ctrl-C: finish the step (or abandon an evaluation), save, exit 0
 bar = tqdm(total=max_iters, initial=iter_num, dynamic_ncols=True, disable=None, mininterval=1.0) if master else None
 t0, t_start, cpu_start = time.time(), time.time() - elapsed, time.process_time() - cpu_elapsed
 
@@ -387,15 +294,13 @@ def log_row(metrics):
         row["epoch"] = round(iter_num / steps_per_epoch, 2)
     row |= metrics | last
     log.append(row)
-    if wandb_log:
-        wandb.log(row, step=iter_num)
     bar.set_postfix({k.replace("acc/", ""): v for k, v in row.items() if k.startswith("acc/test") or k == "val_loss"},
                     refresh=False)
     bar.write(json.dumps(row))
 
 
 if eval_only:  # evaluate the checkpoint in out_dir, append one row, change nothing else
-    metrics = evaluate(ema if ema is not None else raw_model, stop) if master else None
+    metrics = evaluate(eval_model, stop) if master else None
     if metrics is not None:
         log_row({"eval_only": True} | metrics)
     if ddp:
@@ -406,14 +311,13 @@ nonfinite = torch.zeros((), dtype=torch.bool, device=device)  # set on the devic
 saved_at = iter_num if init_from == "resume" else -1  # the iteration in ckpt.pt (-1: none yet)
 resumed_at = iter_num if init_from == "resume" else -1  # where this process took over
 compiled_once, first_pass = False, True
-eval_model = ema if ema is not None else raw_model  # evaluation and probes read the weight average
 while True:
     # ---- once in a while: evaluate, decide (joins, early stop), save, and stop when asked or done ----
-    stopping = any_rank(stop.is_set())  # every rank takes the same decision at the same step
+    stopping = any_rank(stop.is_set(), ctrl_group)  # every rank takes the same decision at the same step
     at_eval = iter_num % eval_interval == 0 or iter_num >= max_iters
     early_stopped = False
     if at_eval or stopping:
-        if nonfinite_anywhere(nonfinite, checked()):  # never evaluate or save poisoned weights or optimizer state
+        if nonfinite_anywhere(nonfinite, with_state=True):  # never evaluate or save poisoned weights or optimizer state
             stop_nonfinite(iter_num, saved_at, resumed_at)
         # the resumed iteration's evaluation is in metrics.jsonl, unless a stop abandoned it: then it runs now
         if master and at_eval and not stopping and not log.evaluated(iter_num):
@@ -426,11 +330,11 @@ while True:
             if row is not None:
                 print(f"early stop at iteration {iter_num}: {stop_metric} has not improved in {stop_patience} "
                       f"evaluations (stop decided at iteration {row['iter']})")
-            early_stopped = bool(rank0_decides(row is not None))
+            early_stopped = bool(rank0_decides(row is not None, ctrl_group))
     if (at_eval or first_pass) and rule_joins:  # from the rows (rank 0's; all follow): a resume joins as before
         fired = log.fired_joins(rule_joins) if master else {}
         for name in rule_joins:
-            j = rank0_decides(fired.get(name, -1))
+            j = rank0_decides(fired.get(name, -1), ctrl_group)
             if j >= 0 and data.split_join[name] is None:
                 data.set_join(name, j)
                 if master:
@@ -441,11 +345,8 @@ while True:
                    "model_args": model_args, "config": config, "data_config": data.config, "iter_num": iter_num,
                    "dtype": dtype, "elapsed": round(time.time() - t_start, 2),
                    "cpu_elapsed": round(time.process_time() - cpu_start, 2), "rng_cpu": torch.get_rng_state(),
-                   "last": last}
-            if device_type == "cuda":
-                obj["rng_cuda"] = torch.cuda.get_rng_state()
-            if ema is not None:
-                obj["ema"] = ema.state_dict()
+                   "last": last, **({"rng_cuda": torch.cuda.get_rng_state()} if device_type == "cuda" else {}),
+                   **({"ema": ema.state_dict()} if ema is not None else {})}
             try:
                 save_checkpoint(obj, ckpt_path)
             except CheckpointError as e:
@@ -511,7 +412,7 @@ while True:
         if ddp:  # every rank logs the same number
             torch.distributed.all_reduce(loss_sum)
             loss_sum /= world_size
-        if nonfinite_anywhere(nonfinite, list(raw_model.parameters())):  # the state is checked before saves
+        if nonfinite_anywhere(nonfinite, with_state=False):  # the state is checked before saves
             stop_nonfinite(iter_num, saved_at, resumed_at)
         dt, t0 = (time.time() - t0) / log_interval, time.time()
         last = {"loss": round(loss_sum.item(), 5), "lr": lr, "tok_per_s": round(tokens_per_iter / dt),
