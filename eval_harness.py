@@ -4,6 +4,7 @@ Zero-shot evaluation of a pretrained checkpoint with lm-evaluation-harness (pape
     python eval_harness.py --ckpt=out/pretrain_disco --tasks=arc_challenge,arc_easy,hellaswag,lambada_openai,piqa,race,sciq
     python eval_harness.py --ckpt=out/pretrain_disco --tasks=piqa --limit=100 --n_loop=6      # more loops than trained
     python eval_harness.py lm_eval --model discoloop --model_args ckpt=out/pretrain_disco --tasks piqa   # the harness CLI
+    python eval_harness.py --ckpt=out/small_disco --tasks=table2_offline --include_path=data/benchmarks/out  # offline
 
 Prints Table 2's row (acc_norm where the harness reports it, else acc, and the average) and
 writes JSON. The model is registered with the harness as "discoloop"; the harness's own CLI does not
@@ -154,10 +155,11 @@ class DiscoLoopLM(TemplateLM):
 
 
 def table2_row(results, tasks):
-    """{task: score}: acc_norm where the harness reports it, else acc (the paper's choice)."""
+    """{task: score}: acc_norm where the harness reports it, else acc (the paper's choice). A tag or group
+    (table2_offline) stands for its tasks; data/benchmarks' local copies keep their `_local` names."""
     row = {}
-    for t in tasks:
-        r = results.get(t, {})
+    for t in [t for t in tasks if t in results] + sorted(t for t in results if t not in tasks):
+        r = results[t]
         key = "acc_norm,none" if "acc_norm,none" in r else "acc,none"
         if key in r:
             row[t] = 100 * r[key]
@@ -174,7 +176,8 @@ DEFAULTS = dict(
     limit=0,                  # examples per task (0 = all)
     device="auto",            # 'auto' | 'cpu' | 'cuda' (common.py's rule)
     dtype="auto",             # 'auto' | 'float32' | 'bfloat16'
-    include_path="",          # folder of extra task YAMLs (local tasks)
+    include_path="",          # folder of extra task YAMLs (local tasks; data/benchmarks/prepare.py writes Table 2's)
+    threads=0,                # CPU threads (0 = torch default)
     json="",                  # output JSON (default: eval_harness.json in the run folder)
 )
 
@@ -210,6 +213,8 @@ def main(argv):
             raise ConfigError("--ckpt=PATH is required (a checkpoint file or run folder)")
         import lm_eval
         from lm_eval.tasks import TaskManager
+        if c["threads"]:
+            torch.set_num_threads(c["threads"])
         lm = DiscoLoopLM(c["ckpt"], n_loop=c["n_loop"], batch_size=c["batch_size"], device=c["device"], dtype=c["dtype"])
         tm = TaskManager(include_path=c["include_path"] or None)
         tasks = c["tasks"].split(",")

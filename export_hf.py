@@ -1,0 +1,158 @@
+"""
+Export a checkpoint to a Hugging Face folder that loads offline with transformers' Auto classes:
+
+    python export_hf.py --ckpt=out/small_disco --out_dir=out/hf_small_disco
+    python -c "from transformers import AutoModelForCausalLM as M; M.from_pretrained('out/hf_small_disco', trust_remote_code=True)"
+    lm_eval --model hf --model_args pretrained=out/hf_small_disco,trust_remote_code=True --tasks piqa
+
+The folder holds config.json (every GPTConfig field, an auto_map, max_position_embeddings, bos/eos and
+tie_word_embeddings), model.safetensors (the weight average when the run kept one), modeling_discoloop.py
+with copies of model.py and kernels.py made now (so the folder runs the code that trained it), and a
+tokenizer.json that encodes exactly as the checkpoint's tokenizer: tiktoken ranks are converted to a BPE
+tokenizer.json (checked on sample texts before anything is written), a tokenizer.json is copied, a
+question-answer vocabulary becomes a word-level tokenizer. Tested with the transformers version pinned in
+requirements.txt.
+"""
+import json
+import os
+import shutil
+import sys
+
+import torch
+
+from checkpoint import CheckpointError, load_checkpoint, model_from_checkpoint
+from configurator import ConfigError, configure, die
+from datafolder import DataError, WordVocab, tokenizer_for
+from model import GPTConfig
+
+REPO = os.path.dirname(os.path.abspath(__file__))
+# model.py's two imports of this repo, as the export folder (a package under transformers' module cache) needs them
+IMPORTS = {"from configurator import renamed\n": "from .configurator_renames import renamed\n",
+           "from kernels import ": "from .kernels import "}
+# texts the exported tokenizer must encode exactly as the checkpoint's: spaces, digits, punctuation, non-ASCII
+SAMPLES = ["Hello world", "  two  spaces, then\ttab\nand newline\n\n", "It's 1234567 o'clock; don't!",
+           "naïve café — 東京 🙂", "ROMEO:\nWhat light through yonder window breaks?", " leading space", ""]
+
+
+def tiktoken_to_tokenizer(enc):
+    """tiktoken Encoding -> tokenizers.Tokenizer with the same ids: byte-level BPE whose merges are read off the
+    ranks (as transformers' TikTokenConverter does), tiktoken's split regex, special tokens at their own ids."""
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, pre_tokenizers
+    from tokenizers.models import BPE
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+    ranks, byte_char = enc._mergeable_ranks, bytes_to_unicode()
+    as_str = lambda b: "".join(byte_char[x] for x in b)
+    vocab = {as_str(t): r for t, r in ranks.items()}
+    merges = []
+    for t, r in ranks.items():  # every split of a token into two tokens that merge into it, by rank
+        merges += sorted(((t[:i], t[i:], r) for i in range(1, len(t)) if t[:i] in ranks and t[i:] in ranks),
+                         key=lambda m: (ranks[m[0]], ranks[m[1]]))
+    merges = [(as_str(a), as_str(b)) for a, b, _ in sorted(merges, key=lambda m: m[2])]
+    vocab.update(enc._special_tokens)  # special tokens keep their ids (cl100k_base's are not contiguous)
+    tok = Tokenizer(BPE(vocab, merges, fuse_unk=False, ignore_merges=True))  # a whole piece in the vocab wins, as in tiktoken
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(enc._pat_str), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in enc._special_tokens])
+    return tok
+
+
+def wordvocab_to_tokenizer(vocab):
+    from tokenizers import Tokenizer, decoders, pre_tokenizers
+    from tokenizers.models import WordLevel
+    tok = Tokenizer(WordLevel({t: i for i, t in enumerate(vocab.vocab)}, unk_token=None))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.decoder = decoders.WordPiece(prefix="##", cleanup=False)  # joins words with single spaces
+    return tok
+
+
+def build_tokenizer(ckpt):
+    """(tokenizers.Tokenizer, eos token string or None, the checkpoint's own encoder)."""
+    enc = tokenizer_for(ckpt)
+    if isinstance(enc, WordVocab):
+        return wordvocab_to_tokenizer(enc), None, enc
+    if hasattr(enc, "tok"):  # data/pretrain/prepare.py's HFEncoding: the tokenizer.json itself
+        return enc.tok, enc.tok.id_to_token(enc.eot_token), enc
+    return tiktoken_to_tokenizer(enc), enc.decode([enc.eot_token]), enc
+
+
+def check_tokenizer(tok, enc, samples):
+    for text in samples:
+        ours, theirs = tok.encode(text, add_special_tokens=False).ids, enc.encode_ordinary(text)
+        if ours != theirs:
+            raise DataError(f"the converted tokenizer encodes {text!r} as {ours[:8]}..., the checkpoint's as "
+                            f"{theirs[:8]}...: not exported")
+
+
+def export(ckpt_path, out_dir, use_ema=True, overwrite=False):
+    from safetensors.torch import save_file
+    ckpt = load_checkpoint(ckpt_path)
+    model = model_from_checkpoint(ckpt, use_ema=use_ema).eval()
+    tok, eos, enc = build_tokenizer(ckpt)
+    samples = SAMPLES if not isinstance(enc, WordVocab) else [" ".join(enc.vocab[:50])]
+    check_tokenizer(tok, enc, samples)
+    if os.path.exists(out_dir) and os.listdir(out_dir) and not overwrite:
+        raise ConfigError(f"out_dir={out_dir!r} is not empty: choose another, or pass --overwrite=True")
+    tmp = out_dir.rstrip("/") + f".tmp-{os.getpid()}"  # written whole, then renamed: no half export on a crash
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    source = open(os.path.join(REPO, "model.py")).read()
+    for old, new in IMPORTS.items():
+        if source.count(old) != 1:
+            raise ConfigError(f"model.py's import {old.strip()!r} changed: update export_hf.IMPORTS")
+        source = source.replace(old, new)
+    with open(os.path.join(tmp, "model.py"), "w") as f:
+        f.write(source)
+    with open(os.path.join(tmp, "configurator_renames.py"), "w") as f:  # config.json holds current names only
+        f.write("def renamed(d):\n    return d\n")
+    for name in ("kernels.py", "modeling_discoloop.py"):
+        shutil.copy(os.path.join(REPO, name), tmp)
+    cfg = model.config
+    eos_id = enc.eot_token if eos is not None else None
+    config = {f: getattr(cfg, f) for f in GPTConfig.defaults()} | {
+        "model_type": "discoloop", "architectures": ["DiscoLoopForCausalLM"],
+        "auto_map": {"AutoConfig": "modeling_discoloop.DiscoLoopConfig",
+                     "AutoModelForCausalLM": "modeling_discoloop.DiscoLoopForCausalLM"},
+        "trained_n_loop": cfg.n_loop, "max_position_embeddings": cfg.block_size, "tie_word_embeddings": True, "bos_token_id": eos_id,
+        "eos_token_id": eos_id, "dtype": "float32", "discoloop_source": {"ckpt": os.path.abspath(ckpt_path),
+                                                                         "iter_num": ckpt.get("iter_num"), "ema": use_ema and "ema" in ckpt}}
+    with open(os.path.join(tmp, "config.json"), "w") as f:
+        json.dump(config, f, indent=1)
+    # the head is tied to the embedding: stored once, re-tied at load (_tied_weights_keys)
+    weights = {f"gpt.{k}": v.contiguous() for k, v in model.state_dict().items() if k != "lm_head.weight"}
+    save_file(weights, os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
+    tok.save(os.path.join(tmp, "tokenizer.json"))
+    tok_config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": cfg.block_size,
+                  "clean_up_tokenization_spaces": False}
+    if eos is not None:
+        tok_config |= {"bos_token": eos, "eos_token": eos}
+    with open(os.path.join(tmp, "tokenizer_config.json"), "w") as f:
+        json.dump(tok_config, f, indent=1)
+    if os.path.exists(out_dir):
+        shutil.rmtree(out_dir)
+    os.replace(tmp, out_dir)
+    return out_dir
+
+
+DEFAULTS = dict(
+    ckpt="",          # checkpoint file or run folder (required)
+    out_dir="",       # the Hugging Face folder to write (required)
+    use_ema=True,     # export the weight average when the run kept one (what evaluation and probes read)
+    overwrite=False,  # replace a non-empty out_dir
+)
+
+
+def main(argv):
+    try:
+        c = configure(DEFAULTS, argv, __doc__, __file__)
+        if not c["ckpt"] or not c["out_dir"]:
+            raise ConfigError("--ckpt=PATH and --out_dir=DIR are required")
+        with torch.no_grad():
+            print(f"wrote {export(c['ckpt'], c['out_dir'], c['use_ema'], c['overwrite'])}")
+    except (ConfigError, CheckpointError, DataError) as e:
+        die(e)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
