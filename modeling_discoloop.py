@@ -72,6 +72,10 @@ class DiscoLoopForCausalLM(PreTrainedModel, GenerationMixin):
             loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(), ignore_index=-100)
         return CausalLMOutput(loss=loss, logits=logits)
 
+    @classmethod
+    def _supports_default_dynamic_cache(cls):
+        return False  # transformers' per-layer caches do not fit K loops over shared layers
+
     def prepare_inputs_for_generation(self, input_ids, **kwargs):
         # no key/value cache through transformers (model.py has its own, GPT.generate): the whole prefix each step
         return {"input_ids": input_ids[:, -self.config.block_size:]}

@@ -69,6 +69,10 @@ def test_export_logits_equal_model_py(case, tmp_path):
         loss = hf(idx, labels=labels).loss
         manual = torch.nn.functional.cross_entropy(ref(idx)[0][:, :-1].flatten(0, 1), idx[:, 1:].flatten())
         assert loss.item() == pytest.approx(manual.item(), abs=1e-5)
+        if case == "disco":  # transformers' greedy generate() runs model.py's greedy decoding
+            prompt = idx[:1, :10]
+            assert torch.equal(hf.generate(prompt, max_new_tokens=8, do_sample=False)[:, 10:],
+                               ref.generate(prompt, 8, top_k=1)[:, 10:])
     # the head is stored once and re-tied at load
     assert hf.gpt.lm_head.weight.data_ptr() == hf.gpt.transformer.wte.weight.data_ptr()
 
