@@ -130,7 +130,15 @@ class QAData:
             raise DataError(f"split_join={self.split_join} leaves no training split in the mix at iteration 0")
         if block_size is not None and self.max_len > block_size:
             raise DataError(f"block_size={block_size} is shorter than the longest example ({self.max_len} tokens)")
+        self.stage1 = set(self.splits)  # the splits whose Stage-1 accuracy evaluate() reports (keep_stage1)
         self.set_join()
+
+    def keep_stage1(self, prefixes, metrics=()):
+        """Report Stage-1 accuracy only for splits whose name starts with one of `prefixes` (a comma list;
+        'all' = every split) or that a metric in `metrics` (stop rule, join rules) reads as acc1/<split>."""
+        named = {m.split("/")[1].split(">")[0].split("<")[0] for m in metrics if m.startswith("acc1/")}
+        self.stage1 = {s for s in self.splits if prefixes == "all" or s in named
+                       or any(p and s.startswith(p) for p in prefixes.split(","))}
 
     def set_join(self, name=None, it=None):
         """Split `name` joins the mix at iteration `it` (train.py calls it when a join rule fires)."""
@@ -176,7 +184,7 @@ class QAData:
 
     @property
     def metric_names(self):  # what evaluate returns
-        return [f"{m}/{s}" for s in self.splits for m in ("acc", "acc1", "loss")]
+        return [f"{m}/{s}" for s in self.splits for m in ("acc", "acc1", "loss") if m != "acc1" or s in self.stage1]
 
     def evaluate(self, model, batch_size, device="cpu", ctx=None, should_stop=None):
         return evaluate_splits(model, self, batch_size=batch_size, device=device, ctx=ctx, should_stop=should_stop)
@@ -203,28 +211,32 @@ def accuracy(model, X, Y, n_loop=None, batch_size=2048, hook=None, stage1=False,
                 first["h"] = h
             return hook(k, h, h_next) if hook is not None else None
 
-        with ctx:
-            logits, _ = model(x, n_loop=n_loop, hook=grab)
-            ok = (logits.argmax(-1) == y) | (y == -1)
+        with ctx:  # the head runs on the answer rows only (y != -1): the other positions have nothing to score
+            h = model.hidden(x, n_loop=n_loop, hook=grab)
+            rows, target = y != -1, y[y != -1]
+            logits = model.head(h[rows])  # (answer tokens, V)
+            ok = torch.ones_like(y, dtype=torch.bool)
+            ok[rows] = logits.argmax(-1) == target
             right += ok.all(1).sum().item()
-            nll += torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), y.flatten(), ignore_index=-1,
-                                                     reduction="sum").item()
+            nll += torch.nn.functional.cross_entropy(logits.float(), target, reduction="sum").item()
             if stage1:
-                ok1 = (model.head(first["h"]).argmax(-1) == y) | (y == -1)
-                right1 += ok1.all(1).sum().item()
+                ok[rows] = model.head(first["h"][rows]).argmax(-1) == target
+                right1 += ok.all(1).sum().item()
     return right / len(X), (right1 / len(X) if stage1 else None), nll / len(X)
 
 
 def evaluate_splits(model, data, n_loop=None, batch_size=2048, device="cpu", ctx=None, should_stop=None):
-    """{'acc/<split>': final accuracy, 'acc1/<split>': Stage-1 accuracy, 'loss/<split>'} for every
-    split; None if should_stop() turns true before a batch (an interrupted evaluation is abandoned)."""
+    """{'acc/<split>': final accuracy, 'acc1/<split>': Stage-1 accuracy (the splits in data.stage1),
+    'loss/<split>'} for every split; None if should_stop() turns true before a batch (an interrupted evaluation is abandoned)."""
     out = {}
     for s, (X, Y) in data.splits.items():
-        res = accuracy(model, X, Y, n_loop=n_loop, batch_size=batch_size, stage1=True, device=device, ctx=ctx,
-                       should_stop=should_stop)
+        res = accuracy(model, X, Y, n_loop=n_loop, batch_size=batch_size, stage1=s in data.stage1, device=device,
+                       ctx=ctx, should_stop=should_stop)
         if res is None:
             return None
         acc, acc1, loss = res
-        out[f"acc/{s}"], out[f"acc1/{s}"], out[f"loss/{s}"] = round(acc, 5), round(acc1, 5), round(loss, 5)
+        out[f"acc/{s}"], out[f"loss/{s}"] = round(acc, 5), round(loss, 5)
+        if acc1 is not None:
+            out[f"acc1/{s}"] = round(acc1, 5)
     return out
 

@@ -56,6 +56,7 @@ batch_size = 512             # per process and micro-step
 gradient_accumulation_steps = 1  # total over all processes, as in nanoGPT
 eval_batch_size = 2048       # QA: questions per evaluation forward
 eval_iters = 50              # pretrain: validation batches per evaluation
+stage1_splits = "train"      # QA: splits (name prefixes, comma list, or 'all') whose Stage-1 accuracy each evaluation reports; splits a stop or join rule reads as acc1/ are added
 stop_metric = ""             # '' = off; else stop early on this evaluation metric, e.g. 'loss/val_id' (loss: lower is better, acc: higher); never a test split
 stop_patience = 10           # with stop_metric: stop after this many evaluations without a new best
 split_join = {}              # QA curriculum: {training split: iteration it joins the mix, or a rule on a validation metric}, e.g. {"train_id_3hop": 6630} or {"train_id_3hop": "acc/val_id>=0.9"}
@@ -133,6 +134,8 @@ data_dir = os.path.abspath(data_dir)
 try:
     data = open_data(dataset, data_dir, data_args, block_size, eval_iters, seed, split_join, make=master,
                      barrier=torch.distributed.barrier if ddp else None)
+    if isinstance(data, QAData):  # Stage-1 accuracy where the plots (training splits) and the rules read it
+        data.keep_stage1(stage1_splits, [stop_metric, *[j for j in split_join.values() if isinstance(j, str)]])
     check_with_data(config, data)  # keys that need the data: metric names, pos_shift, vocab, the first batch
 except (DataError, ConfigError) as e:
     die(e)

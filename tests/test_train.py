@@ -28,7 +28,8 @@ def test_train_then_resume(tiny_data, tmp_path):
     assert r.returncode == 0, r.stderr
     ms = metrics(out)
     assert [m["iter"] for m in ms] == [0, 10, 20, 30]
-    assert {"acc/test_id", "acc1/test_ood", "acc/train_atom", "acc1/train_id"} <= set(ms[-1])
+    assert {"acc/test_id", "acc/test_ood", "acc/train_atom", "acc1/train_id", "acc1/train_atom"} <= set(ms[-1])
+    assert "acc1/test_ood" not in ms[-1]  # Stage-1 where plots and rules read it: training splits by default
     ck = torch.load(os.path.join(out, "ckpt.pt"), weights_only=True)
     assert ck["iter_num"] == 30 and ck["dtype"] == "float32"
     assert ck["elapsed"] >= ms[-1]["time"] > 0
@@ -290,3 +291,21 @@ def test_split_join_resume_may_move_only_future_joins(tiny_data, tmp_path):
             parse_join_rule(bad)
     r = run(tiny_train_args(tiny_data, live, "--overwrite=True", "--split_join={'train_id': 'acc/test_id>=0.5'}"))
     assert r.returncode == 2 and "a test split must not steer training" in r.stderr, r.stderr
+
+
+def test_stage1_readouts_where_asked(tiny_data, tmp_path):
+    """stage1_splits='all' reports every split's Stage-1 accuracy; a stop rule on acc1/val_id adds that split;
+    the final accuracies and losses do not depend on which Stage-1 readouts are made."""
+    rows = {}
+    for name, extra in {"all": ["--stage1_splits=all"], "rule": ["--stop_metric=acc1/val_id", "--stop_patience=100"],
+                        "default": []}.items():
+        out = str(tmp_path / name)
+        r = run(tiny_train_args(tiny_data, out, "--max_iters=10", "--eval_interval=10", *extra))
+        assert r.returncode == 0, r.stderr
+        rows[name] = metrics(out)[-1]
+    assert {"acc1/test_id", "acc1/test_ood", "acc1/val_id"} <= set(rows["all"])
+    assert "acc1/val_id" in rows["rule"] and "acc1/test_id" not in rows["rule"]
+    final = lambda m: {k: v for k, v in stable(m).items() if not k.startswith("acc1/")}
+    assert final(rows["all"]) == final(rows["default"]) == final(rows["rule"])
+    assert {k: v for k, v in rows["all"].items() if k in rows["default"] and k.startswith("acc1/")} == \
+        {k: v for k, v in rows["default"].items() if k.startswith("acc1/")}
