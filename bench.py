@@ -24,17 +24,13 @@ from common import DTYPES, autocast, resolve_dtype, setup, table
 from configurator import ConfigError, configure, die
 from model import GPT, RECURRENCES, GPTConfig
 
+# the benchmarked shape: a CPU-sized, pretraining-like model (Ouro's sandwich norm, top-128 Phi); every other
+# model key (and any of these, on the command line) is GPTConfig's
+SHAPE = dict(n_layer=4, n_head=4, n_embd=256, block_size=512, vocab_size=32768, n_loop=4, phi_topk=128,
+             sandwich_norm=True)
 DEFAULTS = dict(
-    n_layer=4,           # blocks per loop
-    n_head=4,            # attention heads
-    n_embd=256,          # width d
-    n_hidden=0,          # MLP width (0 = 8/3 d)
-    block_size=512,      # tokens per sequence T
-    vocab_size=32768,    # vocabulary V
+    **{**GPTConfig.defaults(), **SHAPE},
     batch_size=2,        # sequences per step B
-    n_loop=4,            # K
-    phi_topk=128,      # k of the top-k variants
-    phi_chunk=0,       # Phi decoding chunk (0 = all positions)
     device="auto",       # 'auto' | 'cpu' | 'cuda' (common.py's rule)
     dtype="auto",        # 'auto' | 'float32' | 'bfloat16' (auto: fp32 on a CPU where bf16 is slower)
     compile=False,       # also time torch.compile'd models
@@ -107,15 +103,13 @@ def step_times(models, x, y, ctx, iters, warmup, device):
 
 def main(argv):
     try:
-        c = configure(DEFAULTS, argv, __doc__, __file__)
+        c = configure(DEFAULTS, argv, __doc__, [__file__, sys.modules[GPTConfig.__module__].__file__])
         names = c["variants"].split(",")
         bad = [v for v in names if v not in VARIANTS]
         if bad or "loop" not in names:  # the vanilla loop is the reference row
             raise ConfigError(f"variants={c['variants']!r} is invalid: a comma list of {list(VARIANTS)} including loop")
         for rec, k in {(VARIANTS[v][0], c["phi_topk"] if VARIANTS[v][1] else 0) for v in names}:
-            GPTConfig(block_size=c["block_size"], vocab_size=c["vocab_size"], n_layer=c["n_layer"], n_head=c["n_head"],
-                      n_embd=c["n_embd"], n_hidden=c["n_hidden"], recurrence=rec, n_loop=c["n_loop"],
-                      phi_topk=k, phi_chunk=c["phi_chunk"])  # the model keys' one validator, before any work
+            GPTConfig.from_dict({**c, "recurrence": rec, "phi_topk": k})  # the model keys' one validator, before any work
         device = setup(c["device"], c["threads"])
     except (ConfigError, ValueError) as e:
         die(e)
@@ -132,10 +126,7 @@ def main(argv):
     variants = [(VARIANTS[v][0], c["phi_topk"] if VARIANTS[v][1] else 0) for v in names]
     models, raw = {}, {}
     for rec, k in variants:
-        cfg = GPTConfig(block_size=T, vocab_size=c["vocab_size"], n_layer=c["n_layer"], n_head=c["n_head"],
-                        n_embd=c["n_embd"], n_hidden=c["n_hidden"], recurrence=rec, n_loop=c["n_loop"],
-                        phi_topk=k, phi_chunk=c["phi_chunk"], sandwich_norm=True)
-        model = GPT(cfg).to(device)
+        model = GPT(GPTConfig.from_dict({**c, "recurrence": rec, "phi_topk": k})).to(device)
         name = f"{rec}" + (f" top-{k}" if k else (" exact" if rec in ("disco", "ponder") else ""))
         for compiled in ([False, True] if c["compile"] else [False]):
             label = name + (" compiled" if compiled else "")
