@@ -12,7 +12,7 @@ import zipfile
 import pytest
 import torch
 
-from conftest import REPO, run
+from conftest import REPO, run, tiny_train_args
 
 transformers = pytest.importorskip("transformers")
 torch.set_num_threads(1)  # tiny models: a second thread only contends with the other test worker
@@ -90,6 +90,25 @@ def test_export_refuses_a_folder_in_use_and_the_tokenizer_matches(tmp_path):
     text = "naïve café — 東京 🙂\n  spaces\tand tabs"
     assert tok.encode(text, add_special_tokens=False) == list(text.encode("utf-8"))
     assert tok.eos_token == "<|endoftext|>" and tok.eos_token_id == 256
+
+
+def test_export_of_a_question_answer_run(tiny_data, tmp_path):
+    """A symbolic run exports too: its word vocabulary becomes a word-level tokenizer.json with the same ids."""
+    out = str(tmp_path / "run")
+    r = run(tiny_train_args(tiny_data, out, "--max_iters=5", "--eval_interval=5"))
+    assert r.returncode == 0, r.stderr
+    folder = export(out, str(tmp_path / "hf"))
+    from checkpoint import load_checkpoint, model_from_checkpoint
+    from tasks import QAData
+    from transformers import AutoTokenizer
+    X, _ = QAData(tiny_data).splits["test_ood"]
+    ref = model_from_checkpoint(load_checkpoint(out)).eval()
+    with torch.no_grad():
+        assert (load_hf(folder)(X[:16]).logits - ref(X[:16])[0]).abs().max().item() <= 1e-5
+    tok = AutoTokenizer.from_pretrained(folder, trust_remote_code=True)
+    vocab = QAData(tiny_data).meta["vocab"]
+    text = " ".join(vocab[i] for i in X[0].tolist())
+    assert tok.encode(text, add_special_tokens=False) == X[0].tolist() and tok.decode(X[0].tolist()) == text
 
 
 def test_tiktoken_conversion_encodes_exactly_as_tiktoken():
