@@ -86,6 +86,7 @@ def check_tokenizer(tok, enc, samples):
 
 
 def export(ckpt_path, out_dir, use_ema=True, overwrite=False):
+    import transformers
     from safetensors.torch import save_file
     ckpt = load_checkpoint(ckpt_path)
     model = model_from_checkpoint(ckpt, use_ema=use_ema).eval()
@@ -115,7 +116,7 @@ def export(ckpt_path, out_dir, use_ema=True, overwrite=False):
         "auto_map": {"AutoConfig": "modeling_discoloop.DiscoLoopConfig",
                      "AutoModelForCausalLM": "modeling_discoloop.DiscoLoopForCausalLM"},
         "trained_n_loop": cfg.n_loop, "max_position_embeddings": cfg.block_size, "tie_word_embeddings": True, "bos_token_id": eos_id,
-        "eos_token_id": eos_id, "dtype": "float32", "discoloop_source": {"ckpt": ckpt_path,
+        "eos_token_id": eos_id, "dtype": "float32", "transformers_version": transformers.__version__, "discoloop_source": {"ckpt": ckpt_path,
                                                                          "iter_num": ckpt.get("iter_num"), "ema": use_ema and "ema" in ckpt}}
     with open(os.path.join(tmp, "config.json"), "w") as f:
         json.dump(config, f, indent=1)
