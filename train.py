@@ -1,17 +1,12 @@
 """
-Train DiscoLoop or a baseline. Single process (CPU or one GPU):
+Train DiscoLoop or a baseline: one process (CPU or one GPU), or DDP on one or several nodes.
 
-    python train.py config/symbolic.py
     python train.py config/symbolic.py --recurrence=loop --out_dir=out/loop
-
-DDP, one node / several nodes:
-
     torchrun --standalone --nproc_per_node=8 train.py config/pretrain.py
     torchrun --nnodes=2 --node_rank=0 --nproc_per_node=8 --master_addr=HOST --master_port=29500 train.py config/pretrain.py
 
-Two kinds of data: question-answer folders (dataset='symbolic' or 'nl'; loss on answer tokens,
-accuracy per split at the final loop and at Stage-1) and token shards (dataset='pretrain'; loss
-on every token, validation loss). Model keys default to GPTConfig's; a config file sets the recipe (config/).
+Question-answer folders (loss on answer tokens, accuracy per split) or token shards (loss on every token).
+Model keys default to GPTConfig's; a config file sets the recipe (config/).
 """
 import contextlib
 import copy
