@@ -135,8 +135,8 @@ class QAData:
 
     def keep_stage1(self, prefixes, metrics=()):
         """Report Stage-1 accuracy only for splits whose name starts with one of `prefixes` (a comma list;
-        'all' = every split) or that a metric in `metrics` (stop rule, join rules) reads as acc1/<split>."""
-        named = {m.split("/")[1].split(">")[0].split("<")[0] for m in metrics if m.startswith("acc1/")}
+        'all' = every split) or that a metric named in `metrics` (the stop and join rules' metrics) is acc1/ of."""
+        named = {m.split("/", 1)[1] for m in metrics if m.startswith("acc1/")}
         self.stage1 = {s for s in self.splits if prefixes == "all" or s in named
                        or any(p and s.startswith(p) for p in prefixes.split(","))}
 

@@ -26,7 +26,7 @@ from common import (DTYPES, DataError, any_rank, autocast, cpu_has_bf16_flag, mo
                     rank0_decides, resolve_device, resolve_dtype, stop_on_signals)
 from datafolder import open_data
 from checkpoint import CheckpointError, load_for_resume, restore_training, save_checkpoint, strip_compile_prefix
-from configurator import ConfigError, check_with_data, configure, die
+from configurator import ConfigError, check_with_data, configure, die, parse_join_rule
 from model import GPT, GPTConfig
 from runlog import RunError, RunLog, open_run_folder
 from tasks import QAData
@@ -130,7 +130,7 @@ try:
     data = open_data(dataset, data_dir, data_args, block_size, eval_iters, seed, split_join, make=master,
                      barrier=torch.distributed.barrier if ddp else None)
     if isinstance(data, QAData):  # Stage-1 accuracy where the plots (training splits) and the rules read it
-        data.keep_stage1(stage1_splits, [stop_metric, *[j for j in split_join.values() if isinstance(j, str)]])
+        data.keep_stage1(stage1_splits, [stop_metric, *[parse_join_rule(j)[0] for j in split_join.values() if isinstance(j, str)]])
     check_with_data(config, data)  # keys that need the data: metric names, pos_shift, vocab, the first batch
 except (DataError, ConfigError) as e:
     die(e)
