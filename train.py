@@ -126,16 +126,16 @@ ctrl_group = torch.distributed.new_group(backend="gloo") if ddp else None  # sto
 # -----------------------------------------------------------------------------
 # data: the folder says what it is (meta.json's kind); data/<dataset>/prepare.py makes it on first use
 data_dir = os.path.abspath(data_dir)
+rule_joins = {s: j for s, j in split_join.items() if isinstance(j, str)}  # splits a validation metric lets in
 try:
     data = open_data(dataset, data_dir, data_args, block_size, eval_iters, seed, split_join, make=master,
                      barrier=torch.distributed.barrier if ddp else None)
     if isinstance(data, QAData):  # Stage-1 accuracy where the plots (training splits) and the rules read it
-        data.keep_stage1(stage1_splits, [stop_metric, *[parse_join_rule(j)[0] for j in split_join.values() if isinstance(j, str)]])
+        data.keep_stage1(stage1_splits, [stop_metric, *[parse_join_rule(j)[0] for j in rule_joins.values()]])
     check_with_data(config, data)  # keys that need the data: metric names, pos_shift, vocab, the first batch
 except (DataError, ConfigError) as e:
     die(e)
 sparse = isinstance(data, QAData)  # one answer token per question: the head runs on the answer rows alone
-rule_joins = {s: j for s, j in split_join.items() if isinstance(j, str)}  # splits a validation metric lets in
 vocab_size = config["vocab_size"] = vocab_size or data.vocab_size
 
 # -----------------------------------------------------------------------------
