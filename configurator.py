@@ -183,11 +183,27 @@ def check_with_data(config, data):
                           f"{data.seq_len + shift}, not {block}")
     if config["vocab_size"] and config["vocab_size"] < data.vocab_size:
         raise ConfigError(f"vocab_size={config['vocab_size']} is smaller than the dataset's vocabulary ({data.vocab_size})")
+    if config["loops_by_hops"]:
+        check_loops_by_hops(config, data)
     first = int((data.row_join == 0).sum()) if hasattr(data, "row_join") else None  # QA: examples in the mix at 0
     batch, accum = config["batch_size"], config["gradient_accumulation_steps"]
     if first is not None and batch * accum > first:
         raise ConfigError(f"batch_size={batch} x gradient_accumulation_steps={accum} is more than the {first} training "
                           f"examples in the mix at iteration 0 of '{config['data_dir']}': allowed at most {first}")
+
+
+def check_loops_by_hops(config, data):
+    """loops_by_hops reads a k-hop question after k loops: QA data, and k loops that the model can run."""
+    from model import RECURRENCES  # model.py imports this module
+    if not hasattr(data, "hops"):
+        raise ConfigError("loops_by_hops=True is for question-answer data (a k-hop question after k loops); "
+                          f"'{config['data_dir']}' is a token corpus")
+    K, copies = config["n_loop"], RECURRENCES[config["recurrence"]].copies
+    for s in data.splits:  # training rows are read after their hop count; evaluation runs k loops for k hops
+        if data.hops(s) > K and (s in data.train_splits or copies):
+            raise ConfigError(f"loops_by_hops=True: split {s!r} has {data.hops(s)}-hop questions, more than "
+                              f"n_loop={K} {'untied copies' if copies else 'trained loops'}: allowed n_loop >= "
+                              f"{data.hops(s)}")
 
 
 def check_output_file(key, path):

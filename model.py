@@ -381,7 +381,7 @@ class GPT(nn.Module):
         return self.gate(self.phi(h))
 
     # ---- forward -----------------------------------------------------------------------------
-    def forward(self, idx, targets=None, n_loop=None, hook=None, sparse_targets=False):
+    def forward(self, idx, targets=None, n_loop=None, hook=None, sparse_targets=False, loops=None):
         """(logits (B, T, V), None) without targets; (None, mean loss) with targets (B, T), -1 = no
         target. The loss never materializes the (B, T, V) logits (LinearCrossEntropy, `loss_chunk`).
 
@@ -394,8 +394,11 @@ class GPT(nn.Module):
             states and how the training-free intervention of Eq. (2) is applied.
         sparse_targets: most positions have no target (question-answer data: one answer token per question):
             the head and the loss run on the rows that have one, gathered first (one host sync to count them).
+        loops: optional (B,) loop counts, each 1..n_loop: row b is read after loop loops[b] (train.py's
+            loops_by_hops: a k-hop question answered after k loops). Not checked here (a host sync): the
+            caller's data is (configurator.check_with_data).
         """
-        h = self.hidden(idx, n_loop, hook)  # (B, T, d)
+        h = self.hidden(idx, n_loop, hook, loops=loops)  # (B, T, d)
         if targets is None:
             return self.head(h), None
         cfg = self.config
@@ -406,9 +409,9 @@ class GPT(nn.Module):
                                     cfg.label_smoothing)
         return None, loss
 
-    def hidden(self, idx, n_loop=None, hook=None, cache=None):
+    def hidden(self, idx, n_loop=None, hook=None, cache=None, loops=None):
         """The final state that the LM head reads, (B, T, d); see forward. cache (new_cache): idx continues the
-        positions already cached, whose keys and values every loop reuses (generation)."""
+        positions already cached, whose keys and values every loop reuses (generation). loops: see forward."""
         cfg = self.config
         B, T = idx.size()
         t0 = len(cache[0][0]) if cache is not None else 0
@@ -445,8 +448,10 @@ class GPT(nn.Module):
             if hook is not None:
                 replaced = hook(k, h, x_next)
                 x_next = x_next if replaced is None else replaced
+            if loops is not None:  # the rows that stop here keep this loop's output (what the head reads after it)
+                out = h if k == 1 else torch.where((loops == k).view(B, 1, 1), h, out)
             x = x_next
-        return x
+        return x if loops is None else out
 
     def new_cache(self, n_loop=None):
         """An empty key/value cache for generation: one KVCache per (loop, layer), K x n_layer. It holds

@@ -138,10 +138,10 @@ class TokenData:
 
     def get_batch(self, it, global_batch, part, n_parts, seed):
         """Part `part` of `n_parts` of iteration `it`'s global batch: the next windows in the order,
-        (x, y) long tensors (B, T)."""
+        (x, y, None): long tensors (B, T), and no per-row loop counts (QAData's loops_by_hops)."""
         B = global_batch // n_parts
         shard, start = self.order(it * global_batch + part * B + np.arange(B))
-        return self.train.windows(shard, start, self.seq_len)
+        return *self.train.windows(shard, start, self.seq_len), None
 
     metric_names = ("val_loss",)  # what evaluate returns
 

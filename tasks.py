@@ -131,7 +131,13 @@ class QAData:
         if block_size is not None and self.max_len > block_size:
             raise DataError(f"block_size={block_size} is shorter than the longest example ({self.max_len} tokens)")
         self.stage1 = set(self.splits)  # the splits whose Stage-1 accuracy evaluate() reports (keep_stage1)
+        # train.py's loops_by_hops: a k-hop question is trained and evaluated after k loops (atomic facts: 1)
+        self.loops_by_hops = False
+        self.train_hops = torch.cat([torch.full((len(self.splits[s][0]),), self.hops(s)) for s in self.train_splits])
         self.set_join()
+
+    def hops(self, split):
+        return int(self.meta["splits"][split].get("hops", 1))
 
     def keep_stage1(self, prefixes, metrics=()):
         """Report Stage-1 accuracy only for splits whose name starts with one of `prefixes` (a comma list;
@@ -169,7 +175,8 @@ class QAData:
         return max(1, len(self.train_X) // global_batch)
 
     def get_batch(self, it, global_batch, part, n_parts, seed):
-        """Part `part` of `n_parts` of the global batch of iteration `it`. The order is a pure
+        """Part `part` of `n_parts` of the global batch of iteration `it`: (x, y, loops), loops = each row's
+        hop count with loops_by_hops, else None (model.forward's `loops`). The order is a pure
         function of (seed, epoch), so resuming at iteration `it` continues the exact same stream,
         and DDP ranks x micro-steps see the same examples as one process with accumulation."""
         joined = self.row_join <= it
@@ -180,7 +187,7 @@ class QAData:
         perm = np.random.default_rng([seed, epoch] if start == 0 else [seed, start, epoch]).permutation(len(rows))
         idx = rows[perm[step * global_batch:(step + 1) * global_batch]]
         idx = torch.from_numpy(np.array_split(idx, n_parts)[part])
-        return self.train_X[idx], self.train_Y[idx]
+        return self.train_X[idx], self.train_Y[idx], self.train_hops[idx] if self.loops_by_hops else None
 
     @property
     def metric_names(self):  # what evaluate returns
@@ -227,11 +234,13 @@ def accuracy(model, X, Y, n_loop=None, batch_size=2048, hook=None, stage1=False,
 
 def evaluate_splits(model, data, n_loop=None, batch_size=2048, device="cpu", ctx=None, should_stop=None):
     """{'acc/<split>': final accuracy, 'acc1/<split>': Stage-1 accuracy (the splits in data.stage1),
-    'loss/<split>'} for every split; None if should_stop() turns true before a batch (an interrupted evaluation is abandoned)."""
+    'loss/<split>'} for every split, after n_loop loops (a k-hop split after k with data.loops_by_hops); None if
+    should_stop() turns true before a batch (an interrupted evaluation is abandoned)."""
     out = {}
     for s, (X, Y) in data.splits.items():
-        res = accuracy(model, X, Y, n_loop=n_loop, batch_size=batch_size, stage1=s in data.stage1, device=device,
-                       ctx=ctx, should_stop=should_stop)
+        K = data.hops(s) if data.loops_by_hops else n_loop
+        res = accuracy(model, X, Y, n_loop=K, batch_size=batch_size, stage1=s in data.stage1, device=device, ctx=ctx,
+                       should_stop=should_stop)
         if res is None:
             return None
         acc, acc1, loss = res

@@ -54,6 +54,7 @@ eval_iters = 50              # pretrain: validation batches per evaluation
 stage1_splits = "train"      # QA: splits (name prefixes, comma list, or 'all') whose Stage-1 accuracy each evaluation reports; splits a stop or join rule reads as acc1/ are added
 stop_metric = ""             # '' = off; else stop early on this evaluation metric, e.g. 'loss/val_id' (loss: lower is better, acc: higher); never a test split
 stop_patience = 10           # with stop_metric: stop after this many evaluations without a new best
+loops_by_hops = False        # QA: a k-hop question is trained and evaluated after k loops (atomic facts after 1): one hop per loop, for hop extrapolation
 split_join = {}              # QA curriculum: {training split: iteration it joins the mix, or a rule on a validation metric}, e.g. {"train_id_3hop": 6630} or {"train_id_3hop": "acc/val_id>=0.9"}
 # model: every GPTConfig field is a key here too, with GPTConfig's default (model.py; --help lists them);
 # these two are the dataset's unless set
@@ -132,6 +133,7 @@ try:
                      barrier=torch.distributed.barrier if ddp else None)
     if isinstance(data, QAData):  # Stage-1 accuracy where the plots (training splits) and the rules read it
         data.keep_stage1(stage1_splits, [stop_metric, *[parse_join_rule(j)[0] for j in rule_joins.values()]])
+        data.loops_by_hops = loops_by_hops
     check_with_data(config, data)  # keys that need the data: metric names, pos_shift, vocab, the first batch
 except (DataError, ConfigError) as e:
     die(e)
@@ -176,7 +178,7 @@ model.to(device)
 dtype_seconds = {}
 if dtype == "auto":  # a CPU: bf16 only where THIS model's training step is measured >= 1.25x faster (common.py)
     # rank 0 measures (ranks timing at once would load the same cores) on the first micro-batch; all follow
-    x, y = data.get_batch(0, global_batch, 0, gradient_accumulation_steps, seed)
+    x, y, _ = data.get_batch(0, global_batch, 0, gradient_accumulation_steps, seed)
     timer = model_step_timer(model, x.to(device), y.to(device))
     choice = list(DTYPES).index(pick_cpu_dtype(cpu_has_bf16_flag(), timer)) if master else 0
     dtype, dtype_seconds = list(DTYPES)[rank0_decides(choice, ctrl_group)], timer.seconds
@@ -229,13 +231,13 @@ def evaluate(m, stop):
     return out
 
 
-def forward_backward(m, x, y, ctx, scaler, accum, no_sync, sparse):
+def forward_backward(m, x, y, loops, ctx, scaler, accum, no_sync, sparse):
     """One micro-batch: the loss (a scalar: no (B, T, V) logits are ever built) and its gradients, accumulated;
     no_sync: DDP keeps them local (they are all-reduced on the last micro-step); sparse: only the rows with a
-    target (QA answers) reach the head."""
+    target (QA answers) reach the head; loops: each row's loop count (loops_by_hops) or None."""
     with m.no_sync() if no_sync else contextlib.nullcontext():
         with ctx:
-            loss = m(x, y, sparse_targets=sparse)[1] / accum
+            loss = m(x, y, sparse_targets=sparse, loops=loops)[1] / accum
         scaler.scale(loss).backward()
     return loss.detach().float()
 
@@ -366,13 +368,12 @@ while True:
     loss_sum = torch.zeros((), device=device)  # summed on the device; read back only when logging
     for micro in range(accum_local):
         # this rank's micro-batch: (batch_size, seq_len) tokens and targets
-        x, y = data.get_batch(iter_num, global_batch, rank * accum_local + micro, gradient_accumulation_steps, seed)
-        if device_type == "cuda":
-            x, y = x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
-        x, y = x.to(device), y.to(device)
+        batch = data.get_batch(iter_num, global_batch, rank * accum_local + micro, gradient_accumulation_steps, seed)
+        pin = device_type == "cuda"  # (x, y, loops): loops = each row's loop count (loops_by_hops) or None
+        x, y, loops = (t if t is None else (t.pin_memory() if pin else t).to(device, non_blocking=pin) for t in batch)
         last_micro = micro == accum_local - 1  # DDP all-reduces the gradients on the last micro-step only
         try:
-            loss_sum += forward_backward(model, x, y, ctx, scaler, accum_local, ddp and not last_micro, sparse)
+            loss_sum += forward_backward(model, x, y, loops, ctx, scaler, accum_local, ddp and not last_micro, sparse)
         except Exception as e:  # the first step compiles: say why it failed, then run eager
             if isinstance(e, torch.OutOfMemoryError) or "can't allocate memory" in str(e):
                 die(f"out of memory in the training step (batch_size={batch_size} x block_size={block_size} "
@@ -386,7 +387,7 @@ while True:
             print(f"warning: torch.compile failed ({why}); running eager", file=sys.stderr)
             model = raw_model
             raw_model.zero_grad(set_to_none=True)
-            loss_sum += forward_backward(model, x, y, ctx, scaler, accum_local, False, sparse)
+            loss_sum += forward_backward(model, x, y, loops, ctx, scaler, accum_local, False, sparse)
         compiled_once = True
     if grad_clip > 0:
         for opt in optimizers:

@@ -41,9 +41,11 @@ DEFAULTS = dict(
     n_train=10000,     # graph-A training questions (split evenly over 2..max_hops hops)
     n_test=2000,       # questions per test split
     n_val=2000,        # graph-A validation questions per trained hop count, disjoint from train and test
+    pad_left=0,        # training questions (facts included) start after 0..pad_left '_' tokens, drawn once per question
+                       # (test and val have none): varied offsets for hop extrapolation
 )
 GENERATOR_KEYS = [k for k in DEFAULTS if k != "out_dir"]  # what makes two datasets the same
-ADDED_KEYS = ("n_val",)  # keys added since: a folder without them is this generator's, prepared again (its other
+ADDED_KEYS = ("n_val", "pad_left")  # keys added since: a folder without them is this generator's, prepared again (its other
                          # splits come out byte-identical: generation is deterministic and new keys only add splits)
 
 
@@ -51,8 +53,9 @@ def check_config(c):
     for k in ("n_entities", "n_relations", "out_degree", "n_train", "n_test"):
         if c[k] < 1:
             raise ConfigError(f"{k}={c[k]} must be >= 1")
-    if c["n_val"] < 0:
-        raise ConfigError(f"n_val={c['n_val']} must be >= 0")
+    for k in ("n_val", "pad_left"):
+        if c[k] < 0:
+            raise ConfigError(f"{k}={c[k]} must be >= 0")
     if c["out_degree"] > c["n_relations"]:
         raise ConfigError(f"out_degree={c['out_degree']} exceeds n_relations={c['n_relations']}: "
                           "each entity's edges need distinct relations")
@@ -140,7 +143,11 @@ def build(c):
         chains = sample_chains(vrng, graphs["A"], ents["A"], k, c["n_val"], exclude=used_A[k])
         splits["val_id" + sfx] = [render("A", ch) for ch in chains]
         info["val_id" + sfx] = {"graph": "A", "hops": k, "train": False}
-    meta = {"vocab": ents["A"] + ents["B"] + relations, "entities": ents, "relations": relations,
+    if c["pad_left"]:  # last, from its own stream: the questions are the same with or without pads
+        prng = np.random.default_rng([c["seed"], 2])
+        for s in (s for s in splits if info[s]["train"]):
+            splits[s] = [("_",) * int(n) + ex for ex, n in zip(splits[s], prng.integers(0, c["pad_left"] + 1, len(splits[s])))]
+    meta = {"vocab": ents["A"] + ents["B"] + relations + ["_"] * (c["pad_left"] > 0), "entities": ents, "relations": relations,
             "splits": {s: {"file": f"{s}.txt", **info[s]} for s in splits},
             "config": {k: c[k] for k in GENERATOR_KEYS}}
     return splits, meta, graphs
