@@ -147,6 +147,22 @@ def test_n_loop_reads_early_and_hook_sees_every_loop(recurrence):
         assert model(idx, n_loop=5)[0].shape == logits.shape
 
 
+@pytest.mark.parametrize("recurrence", ["loop", "disco", "ponder"])
+def test_loops_per_row_reads_each_row_after_its_own_loop(recurrence):
+    """loops (train.py's loops_by_hops): row b's state is the one n_loop=loops[b] gives, and so is its loss."""
+    model = make(recurrence, 3)
+    idx = torch.randint(0, 37, (3, 6))
+    loops = torch.tensor([2, 1, 3])
+    logits = model(idx, loops=loops)[0]
+    for b, k in enumerate(loops.tolist()):
+        torch.testing.assert_close(logits[b], model(idx[b:b + 1], n_loop=k)[0][0])
+    y = torch.full_like(idx, -1)
+    y[:, -1] = idx[:, 0]
+    expected = F.cross_entropy(logits[:, -1], idx[:, 0])
+    torch.testing.assert_close(model(idx, y, loops=loops, sparse_targets=True)[1], expected)
+    assert not torch.allclose(logits, model(idx)[0])  # rows 0, 1 read earlier than the last loop
+
+
 def test_hook_replacement_changes_next_loop():
     model = make("loop", 2)
     idx = torch.randint(0, 37, (2, 6))

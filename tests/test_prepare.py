@@ -99,6 +99,7 @@ def test_same_seed_byte_identical_other_seed_differs(tmp_path):
     (["--max_hops=1"], "max_hops=1"),
     (["--n_entitie=3"], "did you mean 'n_entities'"),
     (["--seed=zero"], "seed='zero'"),
+    (["--pad_left=-1"], "pad_left=-1 must be >= 0"),
 ])
 def test_bad_flags_one_line(tmp_path, args, needle):
     r = run(["data/symbolic/prepare.py", f"--out_dir={tmp_path}/x"] + args)
@@ -120,6 +121,21 @@ def test_validation_split_changes_no_other_split(tmp_path):
     names = [n for n in old if n != "meta.json"]
     match, mismatch, _ = filecmp.cmpfiles(a, b, names, shallow=False)
     assert match == names and not mismatch
+
+
+def test_pad_left_pads_only_training_questions():
+    """pad_left: every training question (facts too) starts after 0..pad_left '_' tokens; stripped of them, every
+    split is the unpadded one, and the evaluation splits have none (their offsets stay those of the paper)."""
+    from configurator import configure
+    args = ["--n_entities=40", "--n_relations=9", "--out_degree=4", "--n_train=400", "--n_test=50", "--n_val=40",
+            "--eval_hops=3"]
+    plain, _, _ = prep.build(configure(prep.DEFAULTS, args))
+    padded, meta, _ = prep.build(configure(prep.DEFAULTS, args + ["--pad_left=2"]))
+    assert meta["vocab"][-1] == "_" and "_" not in meta["vocab"][:-1]
+    for name, exs in padded.items():
+        pads = [len(ex) - len(ex_plain) for ex, ex_plain in zip(exs, plain[name])]
+        assert [ex[n:] for ex, n in zip(exs, pads)] == plain[name] and all(ex[:n] == ("_",) * n for ex, n in zip(exs, pads))
+        assert set(pads) == ({0, 1, 2} if meta["splits"][name]["train"] else {0}), name
 
 
 def test_folder_from_before_n_val_is_upgraded_in_place(tmp_path):

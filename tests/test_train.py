@@ -174,6 +174,8 @@ def test_divergence_never_saves_nonfinite_weights(tiny_data, tmp_path, eval_inte
     (["--stop_metric=acc/val_ood"], "stop_metric='acc/val_ood' is not among"),
     (["--stop_metric=loss/val_id", "--stop_patience=0"], "stop_patience=0"),
     (["--pos_shift=6"], "pos_shift=6 with training sequences of 3 tokens needs block_size >= 9"),
+    (["--loops_by_hops=True", "--n_loop=1", "--recurrence=loop"],
+     "split 'train_id' has 2-hop questions, more than n_loop=1 trained loops: allowed n_loop >= 2"),
 ])
 def test_bad_input_one_line(tiny_data, tmp_path, extra, needle):
     r = run(tiny_train_args(tiny_data, str(tmp_path / "run"), "--max_iters=5", *extra))
@@ -249,6 +251,26 @@ def test_split_join_curriculum_stream(tiny_data):
                         ({"train_id": 5, "train_atom": 5}, "no training split")):
         with pytest.raises(DataError, match=needle):
             QAData(tiny_data, None, bad)
+
+
+def test_loops_by_hops_batches_and_evaluation(tiny_data):
+    """loops_by_hops: a batch carries each row's hop count (facts 1, 2-hop questions 2) and every split is
+    evaluated after as many loops as its hops; off, the batch has no loop counts (the default runs')."""
+    from model import GPT, GPTConfig
+    from tasks import QAData, accuracy
+    data = QAData(tiny_data)
+    assert data.get_batch(0, 64, 0, 1, 0)[2] is None
+    data.loops_by_hops = True
+    x, y, loops = data.get_batch(3, 64, 0, 1, 0)
+    answer_at = (y != -1).long().argmax(1)  # the question's last token: fact 'a r' at 1, 2-hop 'a r1 r2' at 2
+    assert torch.equal(loops, answer_at) and set(loops.tolist()) == {1, 2}
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(block_size=8, vocab_size=data.vocab_size, n_layer=1, n_head=2, n_embd=32, n_loop=2)).eval()
+    got = data.evaluate(model, 512)
+    for s in ("train_atom", "test_id"):
+        acc, _, loss = accuracy(model, *data.splits[s], n_loop=data.hops(s))
+        assert (got[f"acc/{s}"], got[f"loss/{s}"]) == (round(acc, 5), round(loss, 5))
+    assert got["loss/train_atom"] != round(accuracy(model, *data.splits["train_atom"], n_loop=2)[2], 5)
 
 
 def test_split_join_resume_may_move_only_future_joins(tiny_data, tmp_path):
