@@ -61,7 +61,15 @@ def examples(data, split):
     X, Y = data.splits[split]
     hops = data.meta["splits"][split]["hops"]
     v = data.meta["vocab"]
-    return [tuple(v[i] for i in x[:hops + 1].tolist()) + (v[int(y[y != -1][0])],) for x, y in zip(X, Y)]
+    return [tuple(v[i] for i in x[o:o + hops + 1].tolist()) + (v[int(y[y != -1][0])],)
+            for x, y, o in zip(X, Y, lead_pads(data, X).tolist())]
+
+
+def lead_pads(data, X):
+    """The '_' tokens each row starts with (data/symbolic/prepare.py's pad_left, training splits; else 0)."""
+    if not data.meta["config"].get("pad_left"):
+        return torch.zeros(len(X), dtype=torch.long)
+    return (X == data.stoi["_"]).long().cumprod(1).sum(1)
 
 
 def bridges(data, split, depth=1):
@@ -119,15 +127,17 @@ def cmd_lens(model, data):
         seen = {}
         logits, _ = model(X, n_loop=hops, hook=lambda k, h, nxt: seen.update({k: (h, nxt)}))
         right = ((logits.argmax(-1) == Y) | (Y == -1)).all(1)
-        n_q = int((Y[0] != -1).int().argmax()) + 1  # question positions (layouts are fixed per split)
+        off, rows = lead_pads(data, X), torch.arange(len(X))  # positions count from each row's first real token
+        n_q = int((Y[0] != -1).int().argmax()) + 1 - int(off[0])  # question positions (layouts are fixed per split)
+        cols = off[:, None] + torch.arange(n_q)
         for j in range(1, hops):
             b = bridges(data, s, j)
-            hit = model.head(seen[j][0][:, :n_q]).argmax(-1) == b[:, None]
+            hit = model.head(seen[j][0][rows[:, None], cols]).argmax(-1) == b[:, None]
             where[f"{s} b{j}"] = hit.float().mean(0).tolist()
             if not symbolic and not (j == 1 and "train_id b1" in where):
                 continue
             t = j if symbolic else max(range(len(where["train_id b1"])), key=where["train_id b1"].__getitem__)
-            h, h_next = seen[j][0][:, t], seen[j][1][:, t]
+            h, h_next = seen[j][0][rows, off + t], seen[j][1][rows, off + t]
             p = model.head(h).float().softmax(-1)
             ok = p.argmax(-1) == b
             r = {"pos": t, "P(b|H1)": p[torch.arange(len(b)), b].mean().item(), "argmax=b": ok.float().mean().item(),
@@ -194,8 +204,8 @@ def cmd_gate(model, data):
     splits, by token type (entity/relation/filler) and by position (which layouts are fixed here)."""
     if not model.rec.injects or model.config.disco_gate != "learned":
         raise CheckpointError("the gate probe needs a DiscoLoop checkpoint with disco_gate='learned'")
-    kinds = data.meta.get("token_kinds") or {t: ("entity" if t.startswith("e") else "relation")
-                                             for t in data.meta["vocab"]}
+    kinds = data.meta.get("token_kinds") or {t: "entity" if t.startswith("e") else "filler" if t == "_" else "relation"
+                                             for t in data.meta["vocab"]}  # '_': pad_left's pad
     names = ["entity", "relation", "filler", "other"]
     kind_of = torch.tensor([names.index(kinds.get(t, "other")) for t in data.meta["vocab"]])
     by_kind, by_pos, kind_at = {}, {}, {}  # (loop, key) -> [sum, count]; position -> kind counts

@@ -3,6 +3,7 @@ import json
 import os
 
 import pytest
+import torch
 
 from conftest import run, tiny_train_args
 
@@ -154,3 +155,26 @@ def test_bridge_chain_follows_the_atoms(tiny_data):
             answers = Y[Y != -1]
             assert (bridges(data, s, info["hops"]) == answers).all(), s
             assert (bridges(data, s, 1) != answers).any(), s   # depth 1 is the bridge, not the answer
+
+
+def test_padded_data_reads_the_same_questions_and_probes(tiny_data, tmp_path_factory, tmp_path):
+    """pad_left (hop extrapolation): the probes see each padded training question as its unpadded self, and a
+    loops_by_hops run on padded data trains and probes end to end."""
+    from conftest import TINY_DATA, prepared
+    from probe import bridges, examples
+    from tasks import QAData
+    padded_dir = prepared(tmp_path_factory, "data/symbolic/prepare.py", TINY_DATA + ["--pad_left=2"])
+    plain, padded = QAData(tiny_data), QAData(padded_dir)
+    assert padded.meta["config"]["pad_left"] == 2
+    for s in plain.splits:
+        assert examples(padded, s) == examples(plain, s), s
+        if plain.hops(s) >= 2:
+            assert torch.equal(bridges(padded, s, 1), bridges(plain, s, 1)), s
+    out = str(tmp_path / "run")
+    args = tiny_train_args(padded_dir, out, "--max_iters=20", "--eval_interval=20", "--loops_by_hops=True",
+                           "--pos_emb=rope")
+    args = [a[:-1] + ", 'pad_left': 2}" if a.startswith("--data_args") else a for a in args]
+    r = run(args)
+    assert r.returncode == 0, r.stderr
+    lens = probe("lens", f"--ckpt={out}")
+    assert "| train_id | 1 |" in lens and "| test_id | 1 |" in lens
