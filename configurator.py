@@ -146,6 +146,7 @@ for _k in ("batch_size", "gradient_accumulation_steps", "eval_interval", "log_in
 for _k in ("max_iters", "warmup_iters", "lr_decay_iters", "seed", "warmup", "val_tokens", "limit"):
     CHECKS[_k] = (lambda v: v >= 0, "an integer >= 0")
 CHECKS["threads"] = (lambda v: v >= 0, "0 (torch default) or an integer >= 1")
+CHECKS["extra_loops"] = (lambda v: v >= 0, "an integer >= 0")
 OUTPUT_FILES = ("json", "png")  # written at the end of a script's work: their folder is made and checked first
 
 
@@ -183,7 +184,7 @@ def check_with_data(config, data):
                           f"{data.seq_len + shift}, not {block}")
     if config["vocab_size"] and config["vocab_size"] < data.vocab_size:
         raise ConfigError(f"vocab_size={config['vocab_size']} is smaller than the dataset's vocabulary ({data.vocab_size})")
-    if config["loops_by_hops"]:
+    if config["loops_by_hops"] or config["extra_loops"]:
         check_loops_by_hops(config, data)
     first = int((data.row_join == 0).sum()) if hasattr(data, "row_join") else None  # QA: examples in the mix at 0
     batch, accum = config["batch_size"], config["gradient_accumulation_steps"]
@@ -195,15 +196,18 @@ def check_with_data(config, data):
 def check_loops_by_hops(config, data):
     """loops_by_hops reads a k-hop question after k loops: QA data, and k loops that the model can run."""
     from model import RECURRENCES  # model.py imports this module
+    if not config["loops_by_hops"]:
+        raise ConfigError(f"extra_loops={config['extra_loops']} adds loops to loops_by_hops's; allowed 0 without it")
     if not hasattr(data, "hops"):
         raise ConfigError("loops_by_hops=True is for question-answer data (a k-hop question after k loops); "
                           f"'{config['data_dir']}' is a token corpus")
-    K, copies = config["n_loop"], RECURRENCES[config["recurrence"]].copies
-    for s in data.splits:  # training rows are read after their hop count; evaluation runs k loops for k hops
-        if data.hops(s) > K and (s in data.train_splits or copies):
-            raise ConfigError(f"loops_by_hops=True: split {s!r} has {data.hops(s)}-hop questions, more than "
-                              f"n_loop={K} {'untied copies' if copies else 'trained loops'}: allowed n_loop >= "
-                              f"{data.hops(s)}")
+    K, copies, extra = config["n_loop"], RECURRENCES[config["recurrence"]].copies, config["extra_loops"]
+    for s in data.splits:  # training rows: hops + up to extra_loops loops; evaluation: k loops for k hops
+        need = data.hops(s) + (extra if s in data.train_splits else 0)
+        if need > K and (s in data.train_splits or copies):
+            raise ConfigError(f"loops_by_hops=True: split {s!r} needs {need} loops ({data.hops(s)} hops"
+                              f"{f' + extra_loops={extra}' if s in data.train_splits and extra else ''}), more than "
+                              f"n_loop={K} {'untied copies' if copies else 'trained loops'}: allowed n_loop >= {need}")
 
 
 def check_output_file(key, path):

@@ -131,9 +131,10 @@ class QAData:
         if block_size is not None and self.max_len > block_size:
             raise DataError(f"block_size={block_size} is shorter than the longest example ({self.max_len} tokens)")
         self.stage1 = set(self.splits)  # the splits whose Stage-1 accuracy evaluate() reports (keep_stage1)
-        # train.py's loops_by_hops: a k-hop question is trained and evaluated after k loops (atomic facts: 1)
-        self.loops_by_hops = False
-        self.train_hops = torch.cat([torch.full((len(self.splits[s][0]),), self.hops(s)) for s in self.train_splits])
+        # train.py's loops_by_hops: a k-hop question is trained and evaluated after k loops (atomic facts: 1);
+        # extra_loops: in training, each row gets 0..extra_loops loops more (its answer must survive them)
+        self.loops_by_hops, self.extra_loops = False, 0
+        self.train_hops = np.concatenate([np.full(len(self.splits[s][0]), self.hops(s)) for s in self.train_splits])
         self.set_join()
 
     def hops(self, split):
@@ -176,7 +177,7 @@ class QAData:
 
     def get_batch(self, it, global_batch, part, n_parts, seed):
         """Part `part` of `n_parts` of the global batch of iteration `it`: (x, y, loops), loops = each row's
-        hop count with loops_by_hops, else None (model.forward's `loops`). The order is a pure
+        hop count (+ 0..extra_loops) with loops_by_hops, else None (model.forward's `loops`). The order is a pure
         function of (seed, epoch), so resuming at iteration `it` continues the exact same stream,
         and DDP ranks x micro-steps see the same examples as one process with accumulation."""
         joined = self.row_join <= it
@@ -186,8 +187,12 @@ class QAData:
         epoch, step = divmod(it - start, spe)
         perm = np.random.default_rng([seed, epoch] if start == 0 else [seed, start, epoch]).permutation(len(rows))
         idx = rows[perm[step * global_batch:(step + 1) * global_batch]]
+        loops = None
+        if self.loops_by_hops:  # extras drawn for the global batch, so every rank and micro-step agrees
+            extra = np.random.default_rng([seed, it, 2]).integers(0, self.extra_loops + 1, len(idx))
+            loops = torch.from_numpy(np.array_split(self.train_hops[idx] + extra, n_parts)[part])
         idx = torch.from_numpy(np.array_split(idx, n_parts)[part])
-        return self.train_X[idx], self.train_Y[idx], self.train_hops[idx] if self.loops_by_hops else None
+        return self.train_X[idx], self.train_Y[idx], loops
 
     @property
     def metric_names(self):  # what evaluate returns

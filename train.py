@@ -55,6 +55,7 @@ stage1_splits = "train"      # QA: splits (name prefixes, comma list, or 'all') 
 stop_metric = ""             # '' = off; else stop early on this evaluation metric, e.g. 'loss/val_id' (loss: lower is better, acc: higher); never a test split
 stop_patience = 10           # with stop_metric: stop after this many evaluations without a new best
 loops_by_hops = False        # QA: a k-hop question is trained and evaluated after k loops (atomic facts after 1): one hop per loop, for hop extrapolation
+extra_loops = 0              # with loops_by_hops: each training question gets 0..extra_loops more loops (drawn per row), so its answer must survive them
 split_join = {}              # QA curriculum: {training split: iteration it joins the mix, or a rule on a validation metric}, e.g. {"train_id_3hop": 6630} or {"train_id_3hop": "acc/val_id>=0.9"}
 # model: every GPTConfig field is a key here too, with GPTConfig's default (model.py; --help lists them);
 # these two are the dataset's unless set
@@ -133,7 +134,7 @@ try:
                      barrier=torch.distributed.barrier if ddp else None)
     if isinstance(data, QAData):  # Stage-1 accuracy where the plots (training splits) and the rules read it
         data.keep_stage1(stage1_splits, [stop_metric, *[parse_join_rule(j)[0] for j in rule_joins.values()]])
-        data.loops_by_hops = loops_by_hops
+        data.loops_by_hops, data.extra_loops = loops_by_hops, extra_loops
     check_with_data(config, data)  # keys that need the data: metric names, pos_shift, vocab, the first batch
 except (DataError, ConfigError) as e:
     die(e)

@@ -175,7 +175,11 @@ def test_divergence_never_saves_nonfinite_weights(tiny_data, tmp_path, eval_inte
     (["--stop_metric=loss/val_id", "--stop_patience=0"], "stop_patience=0"),
     (["--pos_shift=6"], "pos_shift=6 with training sequences of 3 tokens needs block_size >= 9"),
     (["--loops_by_hops=True", "--n_loop=1", "--recurrence=loop"],
-     "split 'train_id' has 2-hop questions, more than n_loop=1 trained loops: allowed n_loop >= 2"),
+     "split 'train_id' needs 2 loops (2 hops), more than n_loop=1 trained loops: allowed n_loop >= 2"),
+    (["--loops_by_hops=True", "--extra_loops=1"],
+     "split 'train_id' needs 3 loops (2 hops + extra_loops=1), more than n_loop=2 trained loops: allowed n_loop >= 3"),
+    (["--extra_loops=1", "--n_loop=3"], "extra_loops=1 adds loops to loops_by_hops's; allowed 0 without it"),
+    (["--extra_loops=-1"], "extra_loops=-1 is invalid: allowed an integer >= 0"),
 ])
 def test_bad_input_one_line(tiny_data, tmp_path, extra, needle):
     r = run(tiny_train_args(tiny_data, str(tmp_path / "run"), "--max_iters=5", *extra))
@@ -264,6 +268,12 @@ def test_loops_by_hops_batches_and_evaluation(tiny_data):
     x, y, loops = data.get_batch(3, 64, 0, 1, 0)
     answer_at = (y != -1).long().argmax(1)  # the question's last token: fact 'a r' at 1, 2-hop 'a r1 r2' at 2
     assert torch.equal(loops, answer_at) and set(loops.tolist()) == {1, 2}
+    data.extra_loops = 2  # 0..2 loops more per row; the parts of one global batch are its rows' loop counts
+    whole = data.get_batch(3, 64, 0, 1, 0)
+    parts = [data.get_batch(3, 64, p, 2, 0) for p in range(2)]
+    extra = whole[2] - (whole[1] != -1).long().argmax(1)
+    assert set(extra.tolist()) == {0, 1, 2} and torch.equal(torch.cat([p[2] for p in parts]), whole[2])
+    data.extra_loops = 0
     torch.manual_seed(0)
     model = GPT(GPTConfig(block_size=8, vocab_size=data.vocab_size, n_layer=1, n_head=2, n_embd=32, n_loop=2)).eval()
     got = data.evaluate(model, 512)
