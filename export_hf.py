@@ -85,19 +85,69 @@ def check_tokenizer(tok, enc, samples):
                             f"{theirs[:8]}...: not exported")
 
 
+# what an export writes: the only files a folder may hold for --overwrite=True to replace it
+EXPORT_FILES = {"config.json", "model.safetensors", "modeling_discoloop.py", "model.py", "kernels.py",
+                "configurator_renames.py", "tokenizer.json", "tokenizer_config.json", "__pycache__"}
+
+
+def check_out_dir(out_dir, overwrite):
+    """Before any work: a folder that exists is replaced only when it is empty or provably an earlier export
+    (config.json says model_type 'discoloop' and it holds nothing an export does not write). A run folder, a
+    dataset, '.', a file, a path under a file: one line, and nothing is touched."""
+    path = os.path.abspath(out_dir)
+    above = os.path.dirname(path)
+    while not os.path.exists(above):
+        above = os.path.dirname(above)
+    if not os.path.isdir(above):
+        raise ConfigError(f"out_dir={out_dir!r} lies under '{above}', which is a file: choose a folder")
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ConfigError(f"out_dir={out_dir!r} is a file, not a folder: choose a folder")
+    if not os.path.isdir(path) or not os.listdir(path):
+        return
+    if not overwrite:
+        raise ConfigError(f"out_dir={out_dir!r} is not empty: choose another, or pass --overwrite=True to replace "
+                          "an earlier export")
+    try:
+        with open(os.path.join(path, "config.json")) as f:
+            ours = json.load(f).get("model_type") == "discoloop"
+    except (OSError, ValueError, AttributeError):
+        ours = False
+    others = sorted(set(os.listdir(path)) - EXPORT_FILES)
+    if not ours or others:
+        what = f"it holds {others[:3]}" if others else "it has no export's config.json"
+        raise ConfigError(f"out_dir={out_dir!r} is not an earlier export ({what}): --overwrite=True replaces only "
+                          "a folder export_hf.py wrote; left untouched")
+
+
+def make_tmp(out_dir):
+    """The sibling folder the export is written into (then renamed): made now, so an out_dir that cannot be
+    written fails in one line before the checkpoint is read."""
+    tmp = os.path.abspath(out_dir) + f".tmp-{os.getpid()}"
+    try:
+        shutil.rmtree(tmp, ignore_errors=True)
+        os.makedirs(tmp)
+    except OSError as e:
+        raise ConfigError(f"out_dir={out_dir!r} cannot be written ({e.strerror}): choose another folder") from None
+    return tmp
+
+
 def export(ckpt_path, out_dir, use_ema=True, overwrite=False):
     import transformers
     from safetensors.torch import save_file
+    check_out_dir(out_dir, overwrite)
+    tmp = make_tmp(out_dir)  # written whole, then renamed: no half export on a crash
+    try:
+        return write_export(ckpt_path, out_dir, tmp, use_ema, transformers.__version__, save_file)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def write_export(ckpt_path, out_dir, tmp, use_ema, transformers_version, save_file):
     ckpt = load_checkpoint(ckpt_path)
     model = model_from_checkpoint(ckpt, use_ema=use_ema).eval()
     tok, eos, enc = build_tokenizer(ckpt)
     samples = SAMPLES if not isinstance(enc, WordVocab) else [" ".join(enc.vocab[:50])]
     check_tokenizer(tok, enc, samples)
-    if os.path.exists(out_dir) and os.listdir(out_dir) and not overwrite:
-        raise ConfigError(f"out_dir={out_dir!r} is not empty: choose another, or pass --overwrite=True")
-    tmp = out_dir.rstrip("/") + f".tmp-{os.getpid()}"  # written whole, then renamed: no half export on a crash
-    shutil.rmtree(tmp, ignore_errors=True)
-    os.makedirs(tmp)
     source = open(os.path.join(REPO, "model.py")).read()
     for old, new in IMPORTS.items():
         if source.count(old) != 1:
@@ -116,7 +166,7 @@ def export(ckpt_path, out_dir, use_ema=True, overwrite=False):
         "auto_map": {"AutoConfig": "modeling_discoloop.DiscoLoopConfig",
                      "AutoModelForCausalLM": "modeling_discoloop.DiscoLoopForCausalLM"},
         "trained_n_loop": cfg.n_loop, "max_position_embeddings": cfg.block_size, "tie_word_embeddings": True, "bos_token_id": eos_id,
-        "eos_token_id": eos_id, "dtype": "float32", "transformers_version": transformers.__version__, "discoloop_source": {"ckpt": ckpt_path,
+        "eos_token_id": eos_id, "dtype": "float32", "transformers_version": transformers_version, "discoloop_source": {"ckpt": ckpt_path,
                                                                          "iter_num": ckpt.get("iter_num"), "ema": use_ema and "ema" in ckpt}}
     with open(os.path.join(tmp, "config.json"), "w") as f:
         json.dump(config, f, indent=1)
@@ -130,9 +180,11 @@ def export(ckpt_path, out_dir, use_ema=True, overwrite=False):
         tok_config |= {"bos_token": eos, "eos_token": eos}
     with open(os.path.join(tmp, "tokenizer_config.json"), "w") as f:
         json.dump(tok_config, f, indent=1)
-    if os.path.exists(out_dir):
-        shutil.rmtree(out_dir)
+    old = os.path.abspath(out_dir) + f".old-{os.getpid()}"
+    if os.path.exists(out_dir):  # an earlier export (check_out_dir proved it): moved aside, then deleted
+        os.replace(out_dir, old)
     os.replace(tmp, out_dir)
+    shutil.rmtree(old, ignore_errors=True)
     return out_dir
 
 

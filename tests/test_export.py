@@ -92,6 +92,34 @@ def test_export_refuses_a_folder_in_use_and_the_tokenizer_matches(tmp_path):
     assert tok.eos_token == "<|endoftext|>" and tok.eos_token_id == 256
 
 
+def test_export_overwrites_only_an_earlier_export(tmp_path):
+    """--overwrite=True replaces an earlier export and nothing else: a run folder, a dataset, the working folder,
+    a file or a path under a file is one line and stays as it was, before any work."""
+    ckpt = str(tmp_path / "run" / "ckpt.pt")
+    os.makedirs(tmp_path / "run")
+    toy_checkpoint(ckpt)
+    (tmp_path / "run" / "metrics.jsonl").write_text("{}\n")
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "meta.json").write_text("{}")
+    (tmp_path / "afile").write_text("x")
+    cases = {str(tmp_path / "run"): "not an earlier export", str(tmp_path / "data"): "not an earlier export",
+             ".": "not an earlier export", str(tmp_path / "afile"): "is a file",
+             str(tmp_path / "afile" / "sub"): "which is a file"}
+    for out, why in cases.items():
+        r = run([os.path.join(REPO, "export_hf.py"), f"--ckpt={ckpt}", f"--out_dir={out}", "--overwrite=True"],
+                cwd=str(tmp_path / "data"))  # '.' is the dataset folder
+        assert r.returncode == 2 and why in r.stderr and len(r.stderr.strip().splitlines()) == 1, (out, r.stderr)
+    assert sorted(os.listdir(tmp_path / "run")) == ["ckpt.pt", "metrics.jsonl"]
+    assert os.listdir(tmp_path / "data") == ["meta.json"] and (tmp_path / "afile").read_text() == "x"
+    first = export(ckpt, str(tmp_path / "hf"))
+    export(ckpt, first, overwrite=True)  # an earlier export is replaced
+    assert json.load(open(os.path.join(first, "config.json")))["model_type"] == "discoloop"
+    (tmp_path / "hf" / "notes.txt").write_text("mine")  # ... unless it holds something an export does not write
+    r = run(["export_hf.py", f"--ckpt={ckpt}", f"--out_dir={first}", "--overwrite=True"])
+    assert r.returncode == 2 and "notes.txt" in r.stderr and (tmp_path / "hf" / "notes.txt").exists()
+    assert not [n for n in os.listdir(tmp_path) if ".tmp-" in n or ".old-" in n]
+
+
 def test_export_of_a_question_answer_run(tiny_data, tmp_path):
     """A symbolic run exports too: its word vocabulary becomes a word-level tokenizer.json with the same ids."""
     out = str(tmp_path / "run")
