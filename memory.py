@@ -129,11 +129,12 @@ def plan(c, world_size, dtype=torch.bfloat16):
         "backward peak above them (recompute, chunk buffers)": r["peak"] - r["act"] - r["copies"],
     }
     V, d = cfg.vocab_size, cfg.n_embd
+    kv = (cfg.n_kv_head or cfg.n_head) * (d // cfg.n_head)  # k and v width: n_kv_head heads (grouped-query attention)
     detail = {
         f"a logits chunk ({cfg.loss_chunk or B * T} rows x V: bf16 + fp32 + bf16 grad)": (cfg.loss_chunk or B * T) * V * 8,
         f"a Phi chunk ({B} x {cfg.phi_chunk or T} x V bf16 logits)":
             B * (cfg.phi_chunk or T) * V * 2 if RECURRENCES[cfg.recurrence].phi else 0,
-        "attention of one layer (flash: q, k, v, out bf16 + fp32 logsumexp)": B * T * (4 * d * 2 + cfg.n_head * 4),
+        "attention of one layer (flash: q, k, v, out bf16 + fp32 logsumexp)": B * T * ((2 * d + 2 * kv) * 2 + cfg.n_head * 4),
     }
     accum_local = max(1, c["gradient_accumulation_steps"] // world_size)
     return Plan(rows=rows, detail=detail, total=sum(rows.values()), tokens_per_step=B * T * accum_local * world_size)

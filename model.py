@@ -10,7 +10,9 @@ f_theta is the stack `transformer.h` (n_layer blocks). The recurrences (paper no
            recurrence lives only in embedding space. e = W[x]; K-1 times: run the whole model
            (blocks + final norm) on e and add the expected embedding, e <- e + Phi(h); one last full
            pass gives the logits. "3 pondering steps" there = K = 4 here.
-The LM head is ln_f followed by the tied projection W^T, and Phi decodes with that same head.
+The LM head is ln_f followed by the tied projection W^T, and Phi decodes with that same head (an untied head,
+tie_embeddings=False, for pretrained checkpoints: Phi decodes with it and encodes with W).
+GPT.from_pretrained loads Hugging Face GPT-2, Llama (SmolLM2) and Qwen2 folders (PRETRAINED, at the end).
 per_loop_norm (Ouro's modeling_ouro.py): ln_f is applied to every loop's output and the normed state
 feeds the next loop; the head and Phi then read that state as it is (no second norm). DiscoLoop's
 order is then: h = ln_f(f(H~)), Phi(h), H~ = h + a * RMSNorm(Phi(h)).
@@ -23,7 +25,6 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from configurator import renamed
 from kernels import TopkPhi, linear_cross_entropy, upcast
 
 
@@ -55,9 +56,10 @@ CHECKPOINTING = ("none", "block")
 @dataclass
 class GPTConfig:
     block_size: int = 1024     # longest sequence (RoPE tables and learned positions are this long)
-    vocab_size: int = 50304    # embedding rows (tied with the head)
+    vocab_size: int = 50304    # embedding rows (tied with the head unless tie_embeddings=False)
     n_layer: int = 12          # blocks in f_theta (one loop)
     n_head: int = 12           # attention heads
+    n_kv_head: int = 0         # key/value heads (grouped-query attention, Llama/Qwen2): 0 = n_head; must divide n_head
     n_embd: int = 768          # model width d
     n_hidden: int = 0          # SwiGLU hidden width; 0 = 8/3 * n_embd rounded up to a multiple of 64
     dropout: float = 0.0       # dropout probability in the blocks
@@ -76,6 +78,11 @@ class GPTConfig:
     norm: str = "rmsnorm"      # "rmsnorm" or "layernorm" (GPT-2) for the blocks and ln_f
     mlp: str = "swiglu"        # "swiglu" or "gelu" (GPT-2: 4d hidden)
     bias: bool = False         # biases in Linear layers and LayerNorm (GPT-2 has them)
+    qkv_bias: bool = False     # biases on the q, k, v projections only (Qwen2); `bias` already includes them
+    norm_eps: float = 0.0      # epsilon of the blocks' norms and ln_f: 0 = the norm's own (RMSNorm 1e-6,
+                               # LayerNorm 1e-5); DiscoLoop's ln_inj keeps 1e-6
+    tie_embeddings: bool = True  # the head's W is the embedding's; False = lm_head is its own parameter (Llama,
+                                 # Qwen2 checkpoints): Phi then decodes with the head and encodes with the embedding
     recurrence: str = "disco"  # "disco" | "loop" | "none" (K untied copies) | "ponder" (PonderLM): RECURRENCES
     n_loop: int = 2            # K: applications of f_theta
     disco_gate: str = "fixed"  # "fixed": a = disco_alpha; "learned": a_t = sigmoid(<w, Phi(H_t)> + b)
@@ -95,6 +102,14 @@ class GPTConfig:
                 bad(name, "an integer >= 1")
         if self.n_embd % self.n_head:
             raise ValueError(f"n_head={self.n_head} must divide n_embd={self.n_embd}")
+        kv = self.n_kv_head
+        if not isinstance(kv, int) or kv < 0 or (kv and self.n_head % kv):
+            bad("n_kv_head", f"0 (= n_head) or a divisor of n_head={self.n_head}")
+        if not (self.norm_eps >= 0 and math.isfinite(self.norm_eps)):
+            bad("norm_eps", "0 (the norm's default) or a finite number > 0")
+        if not self.tie_embeddings and self.phi_topk:
+            raise ValueError(f"phi_topk={self.phi_topk} needs tie_embeddings=True (top-k Phi decodes and encodes "
+                             "with one matrix); use phi_topk=0 (exact Phi) with an untied head")
         if self.pos_emb not in POS_EMBS:
             bad("pos_emb", POS_EMBS)
         if self.pos_emb == "rope" and (self.n_embd // self.n_head) % 2:
@@ -143,7 +158,7 @@ class GPTConfig:
     def from_dict(cls, d):
         """Build from any dict (e.g. train.py's globals): unrelated keys are ignored."""
         names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in renamed(d).items() if k in names})
+        return cls(**{k: v for k, v in d.items() if k in names})
 
 
 class RMSNorm(nn.Module):
@@ -158,8 +173,8 @@ class RMSNorm(nn.Module):
 
 def make_norm(config):
     if config.norm == "layernorm":
-        return nn.LayerNorm(config.n_embd, bias=config.bias)
-    return RMSNorm(config.n_embd)
+        return nn.LayerNorm(config.n_embd, eps=config.norm_eps or 1e-5, bias=config.bias)
+    return RMSNorm(config.n_embd, eps=config.norm_eps or 1e-6)
 
 
 def rope_cache(head_dim, block_size, theta):
@@ -176,7 +191,7 @@ def apply_rope(x, cos, sin):
 
 
 class KVCache:
-    """Keys and values of one attention layer in one loop, (B, heads, positions so far, head size), for
+    """Keys and values of one attention layer in one loop, (B, kv heads, positions so far, head size), for
     generation: a looped model needs K x n_layer of them (GPT.new_cache). Exact for every recurrence here:
     DiscoLoop's injection and PonderLM's update act per position, so position t's state in every loop depends
     only on positions <= t, which the cache holds as they were computed."""
@@ -197,15 +212,20 @@ class CausalSelfAttention(nn.Module):
     def __init__(self, config):
         super().__init__()
         self.n_head = config.n_head
-        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
+        self.n_kv_head = config.n_kv_head or config.n_head  # GQA: n_head / n_kv_head queries share a key/value head
+        self.kv_dim = self.n_kv_head * (config.n_embd // config.n_head)
+        # q, k, v fused in this order: (n_embd + 2 kv_dim) rows
+        self.c_attn = nn.Linear(config.n_embd, config.n_embd + 2 * self.kv_dim, bias=config.bias or config.qkv_bias)
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.dropout = config.dropout
 
     def forward(self, x, rope=None, cache=None):
         B, T, C = x.size()
+        hs = C // self.n_head
         t0 = len(cache) if cache is not None else 0  # positions already cached: these are t0 .. t0+T-1
-        q, k, v = self.c_attn(x).split(C, dim=2)
-        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
+        q, k, v = self.c_attn(x).split([C, self.kv_dim, self.kv_dim], dim=2)
+        q = q.view(B, T, self.n_head, hs).transpose(1, 2)
+        k, v = (t.view(B, T, self.n_kv_head, hs).transpose(1, 2) for t in (k, v))  # the cache keeps kv heads only
         if rope is not None:
             cos, sin = rope[0][t0:t0 + T], rope[1][t0:t0 + T]
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
@@ -214,8 +234,10 @@ class CausalSelfAttention(nn.Module):
         mask = None  # causal; with a cache the new queries see every cached key (SDPA's is_causal aligns top-left)
         if t0 and T > 1:
             mask = torch.ones(T, t0 + T, dtype=torch.bool, device=x.device).tril(diagonal=t0)
+        # GQA: query head i reads key/value head i // (n_head / n_kv_head) (Hugging Face's repeat_kv)
+        gqa = {"enable_gqa": True} if self.n_kv_head != self.n_head else {}
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=t0 == 0 and T > 1,
-                                           dropout_p=self.dropout if self.training else 0.0)
+                                           dropout_p=self.dropout if self.training else 0.0, **gqa)
         return self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C))
 
 
@@ -272,7 +294,8 @@ class GPT(nn.Module):
                 self.gate_w = nn.Parameter(torch.zeros(config.n_embd))
                 self.gate_b = nn.Parameter(torch.zeros(()))
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
-        self.lm_head.weight = self.transformer.wte.weight  # tied: W is both the embedding and the head
+        if config.tie_embeddings:
+            self.lm_head.weight = self.transformer.wte.weight  # tied: W is both the embedding and the head
         if config.pos_emb == "rope":
             cos, sin = rope_cache(config.n_embd // config.n_head, config.block_size, config.rope_theta)
             self.register_buffer("rope_cos", cos, persistent=False)
@@ -290,12 +313,75 @@ class GPT(nn.Module):
         if isinstance(module, nn.Linear) and module.bias is not None:
             nn.init.zeros_(module.bias)
 
+    @classmethod
+    def from_pretrained(cls, folder, **overrides):
+        """A Hugging Face causal-LM folder (config.json + model.safetensors, sharded safetensors with
+        model.safetensors.index.json, or pytorch_model.bin[.index.json]) as a GPT, float32, in eval mode.
+        model_type 'gpt2' (Conv1D weights transposed, learned positions, LayerNorm, GELU tanh = gelu_new) and
+        the Llama family 'llama' (SmolLM2), 'qwen2' (q, k, v biases): RMSNorm, RoPE (Hugging Face's rotate_half
+        is our apply_rope: the weights load as they are), grouped-query attention (n_kv_head), SwiGLU (gate and up
+        fused into c_fc), an untied head when tie_word_embeddings is false. The logits equal transformers' own
+        (tests/test_pretrained.py).
+        overrides: GPTConfig keys other than the architecture's, e.g. recurrence='disco', n_loop=2 to loop the
+        pretrained stack (default recurrence='loop', n_loop=1: the model as it was trained; 'none' gets K copies
+        of the stack; DiscoLoop's ln_inj and gate start fresh), or a shorter block_size."""
+        import json
+        import os
+        if not os.path.isdir(folder):
+            raise FileNotFoundError(f"no pretrained model folder at '{folder}'")
+        path = os.path.join(folder, "config.json")
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"'{path}' not found: not a Hugging Face model folder")
+        with open(path) as f:
+            hf = json.load(f)
+        kind, archs = hf.get("model_type"), hf.get("architectures") or []
+        if kind not in PRETRAINED or any(a not in PRETRAINED[kind][0] for a in archs):
+            raise ValueError(f"model_type={kind!r} (architectures {archs}) is not supported by GPT.from_pretrained: "
+                             f"supported {', '.join(f'{k} ({a[0]})' for k, a in PRETRAINED.items())}")
+        args = PRETRAINED[kind][1](hf, path)
+        bad = [k for k in overrides if k not in GPTConfig.defaults()]
+        if bad:
+            raise ValueError(f"{bad[0]!r} is not a GPTConfig key")
+        fixed = [k for k in overrides if k in args and k != "block_size" and overrides[k] != args[k]]
+        if fixed:
+            raise ValueError(f"{fixed[0]}={overrides[fixed[0]]!r} conflicts with {path}, which has "
+                             f"{fixed[0]}={args[fixed[0]]!r}: the architecture's keys cannot be overridden")
+        n_pos = args["block_size"]
+        config = GPTConfig(**{"recurrence": "loop", "n_loop": 1, **args, **overrides})
+        if config.pos_emb == "learned" and config.block_size > n_pos:
+            raise ValueError(f"block_size={config.block_size} is more than the {n_pos} learned positions of {path}")
+        sd, files = read_hf_weights(folder)
+        ours = PRETRAINED[kind][2](sd, config, files)  # one stack of n_layer blocks, our names and layout
+        if "transformer.wpe.weight" in ours:
+            ours["transformer.wpe.weight"] = ours["transformer.wpe.weight"][:config.block_size]
+        model = cls(config)
+        n, copies = config.n_layer, config.n_loop if model.rec.copies else 1
+        full = {}
+        for name, t in ours.items():  # recurrence='none': every untied copy starts as the pretrained stack
+            if name.startswith("transformer.h."):
+                i, rest = name[len("transformer.h."):].split(".", 1)
+                full.update({f"transformer.h.{c * n + int(i)}.{rest}": t for c in range(copies)})
+            else:
+                full[name] = t
+        want = model.state_dict()
+        for name, t in full.items():
+            if name not in want or want[name].shape != t.shape:
+                raise ValueError(f"{files}: weight for {name} has shape {tuple(t.shape)}, the model built from "
+                                 f"{path} wants {tuple(want[name].shape) if name in want else 'none'}")
+        missing, _ = model.load_state_dict(full, strict=False)
+        new = [m for m in missing if not m.startswith(("transformer.ln_inj.", "gate_")) and ".ln_1b." not in m
+               and ".ln_2b." not in m and not (m == "lm_head.weight" and config.tie_embeddings)]
+        if new:
+            raise ValueError(f"{files} has no weight for {new[0]} ({len(new)} missing)")
+        return model.eval()
+
     def projection_splits(self):
         """{fused weight: row sizes of the separate projections inside it}: q, k, v in c_attn, and
         gate, up in a SwiGLU c_fc (for Muon, which must see them as the separate matrices they are)."""
         d, out = self.config.n_embd, {}
         for block in self.transformer.h:
-            out[block.attn.c_attn.weight] = [d, d, d]
+            kv = block.attn.kv_dim
+            out[block.attn.c_attn.weight] = [d, kv, kv]
             if block.mlp.swiglu:
                 h = block.mlp.c_fc.weight.size(0) // 2
                 out[block.mlp.c_fc.weight] = [h, h]
@@ -326,7 +412,8 @@ class GPT(nn.Module):
 
     # ---- pieces of the recurrence -------------------------------------------------------------
     def head(self, h):
-        """LM head: final RMSNorm, then the tied projection. Logits in the activation dtype."""
+        """LM head: final norm, then the projection (tied to W unless tie_embeddings=False). Logits in the
+        activation dtype."""
         return self.lm_head(self.normed(h))
 
     def normed(self, h):
@@ -351,18 +438,19 @@ class GPT(nn.Module):
         for backward, which is what top-k avoids, unless activation_checkpointing='block', which then
         recomputes each chunk in backward (PonderLM's exact Phi at the 440M shape needs it)."""
         cfg = self.config
-        W = self.transformer.wte.weight
+        W, head = self.transformer.wte.weight, self.lm_head.weight  # one tensor unless tie_embeddings=False
         x = self.normed(h)
         chunk = cfg.phi_chunk or x.size(1)
-        if cfg.phi_topk:
+        if cfg.phi_topk:  # tied only (GPTConfig)
             return TopkPhi.apply(x, W, cfg.phi_topk, cfg.phi_tau, chunk).to(h.dtype)
         recompute = cfg.activation_checkpointing == "block" and torch.is_grad_enabled()
-        out = [checkpoint(self.exact_phi, xs, W, use_reentrant=False) if recompute else self.exact_phi(xs, W)
-               for xs in x.split(chunk, dim=1)]
+        out = [checkpoint(self.exact_phi, xs, W, head, use_reentrant=False) if recompute
+               else self.exact_phi(xs, W, head) for xs in x.split(chunk, dim=1)]
         return torch.cat(out, dim=1).to(h.dtype)
 
-    def exact_phi(self, xs, W):
-        logits = F.linear(xs, W)  # (B, chunk, V) in the activation dtype; only softmax upcasts
+    def exact_phi(self, xs, W, head=None):
+        """softmax(head(xs)/tau) @ W: decoded with the head's matrix (default W: tied), encoded with W."""
+        logits = F.linear(xs, W if head is None else head)  # (B, chunk, V), activation dtype; only softmax upcasts
         scaled = logits / self.config.phi_tau if self.config.phi_tau != 1 else logits
         return F.softmax(scaled, dim=-1, dtype=upcast(logits).dtype) @ W
 
@@ -455,7 +543,8 @@ class GPT(nn.Module):
 
     def new_cache(self, n_loop=None):
         """An empty key/value cache for generation: one KVCache per (loop, layer), K x n_layer. It holds
-        K * n_layer * T * 2d numbers per sequence (6.4 GB in fp32 at the 440M config's 8,192 tokens)."""
+        K * n_layer * T * 2 * n_kv_head * head size numbers per sequence (2d without GQA: 6.4 GB in fp32 at the 440M
+        config's 8,192 tokens)."""
         K = n_loop or self.config.n_loop
         return [[KVCache() for _ in range(self.config.n_layer)] for _ in range(K)]
 
@@ -518,3 +607,134 @@ class GPT(nn.Module):
             if self.rec.phi and not cfg.phi_topk:  # exact Phi chunks run again
                 total += (cfg.n_loop - 1) * 4 * head
         return total
+
+
+# ---- Hugging Face checkpoints (GPT.from_pretrained) ------------------------------------------------------------
+def read_hf_weights(folder):
+    """{name: tensor} of a Hugging Face folder's weights and the file(s) they came from (for messages)."""
+    import json
+    import os
+    for index, load in (("model.safetensors.index.json", "safetensors"), ("pytorch_model.bin.index.json", "bin")):
+        path = os.path.join(folder, index)
+        if os.path.isfile(path):
+            with open(path) as f:
+                shards = sorted(set(json.load(f)["weight_map"].values()))
+            break
+    else:
+        shards = [n for n in ("model.safetensors", "pytorch_model.bin") if os.path.isfile(os.path.join(folder, n))][:1]
+        if not shards:
+            raise FileNotFoundError(f"no weights in '{folder}': expected model.safetensors, "
+                                    "model.safetensors.index.json or pytorch_model.bin")
+    sd = {}
+    for name in shards:
+        path = os.path.join(folder, name)
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"weights file '{path}' (named by the index) not found")
+        if name.endswith(".safetensors"):
+            from safetensors.torch import load_file
+            sd.update(load_file(path))
+        else:
+            sd.update(torch.load(path, map_location="cpu", weights_only=True))
+    return sd, os.path.join(folder, shards[0]) if len(shards) == 1 else f"{folder} ({len(shards)} shards)"
+
+
+def _hf_get(hf, key, path, default=None):
+    if key in hf and hf[key] is not None:
+        return hf[key]
+    if default is None:
+        raise ValueError(f"{path} has no {key!r}")
+    return default
+
+
+def _hf_require(ok, what, path):
+    if not ok:
+        raise ValueError(f"{path}: {what} is not supported by GPT.from_pretrained")
+
+
+def _gpt2_config(hf, path):
+    act = hf.get("activation_function", "gelu_new")
+    _hf_require(act in ("gelu_new", "gelu_pytorch_tanh"), f"activation_function={act!r} (ours: GELU tanh)", path)
+    _hf_require(hf.get("scale_attn_weights", True), "scale_attn_weights=false", path)
+    _hf_require(not hf.get("scale_attn_by_inverse_layer_idx", False), "scale_attn_by_inverse_layer_idx=true", path)
+    _hf_require(hf.get("tie_word_embeddings", True), "an untied GPT-2 head", path)
+    return dict(block_size=_hf_get(hf, "n_positions", path), vocab_size=_hf_get(hf, "vocab_size", path),
+                n_layer=_hf_get(hf, "n_layer", path), n_head=_hf_get(hf, "n_head", path),
+                n_embd=_hf_get(hf, "n_embd", path), n_kv_head=0, n_hidden=hf.get("n_inner") or 0, pos_emb="learned",
+                norm="layernorm", mlp="gelu", bias=True, qkv_bias=False, tie_embeddings=True,
+                norm_eps=float(hf.get("layer_norm_epsilon", 1e-5)))
+
+
+def _gpt2_weights(sd, config, files):
+    """GPT-2's names are ours (nanoGPT's), under 'transformer.' or not; Conv1D stores (in, out): transposed."""
+    sd = {k[len("transformer."):] if k.startswith("transformer.") else k: v for k, v in sd.items()}
+    sd = {k: v for k, v in sd.items() if not k.endswith((".attn.bias", ".attn.masked_bias"))}  # old mask buffers
+    sd.pop("lm_head.weight", None)  # tied to wte
+    conv1d = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+    ours = {f"transformer.{k}": v.t() if k.endswith(conv1d) else v for k, v in sd.items()}
+    return _only_stack(ours, config, files)
+
+
+def _only_stack(ours, config, files):
+    extra = [k for k in ours if k.startswith("transformer.h.") and int(k.split(".")[2]) >= config.n_layer]
+    if extra:
+        raise ValueError(f"{files} has weights past n_layer={config.n_layer}: {extra[0]}")
+    return ours
+
+
+def _llama_config(hf, path):
+    kind = hf["model_type"]
+    rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}  # transformers 5 / 4
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    _hf_require(rope_type == "default", f"rope_type={rope_type!r} (ours: plain RoPE)", path)
+    theta = rope.get("rope_theta", hf.get("rope_theta", 10000.0))
+    _hf_require(hf.get("hidden_act", "silu") == "silu", f"hidden_act={hf.get('hidden_act')!r} (ours: SwiGLU)", path)
+    _hf_require(not hf.get("attention_bias", False), "attention_bias=true (o_proj bias)", path)
+    _hf_require(not hf.get("mlp_bias", False), "mlp_bias=true", path)
+    _hf_require(not hf.get("use_sliding_window", False), "use_sliding_window=true", path)
+    d, heads = _hf_get(hf, "hidden_size", path), _hf_get(hf, "num_attention_heads", path)
+    head_dim = hf.get("head_dim") or d // heads
+    _hf_require(head_dim * heads == d, f"head_dim={head_dim} with hidden_size={d} and {heads} heads", path)
+    return dict(block_size=_hf_get(hf, "max_position_embeddings", path), vocab_size=_hf_get(hf, "vocab_size", path),
+                n_layer=_hf_get(hf, "num_hidden_layers", path), n_head=heads, n_embd=d,
+                n_kv_head=hf.get("num_key_value_heads") or heads, n_hidden=_hf_get(hf, "intermediate_size", path),
+                pos_emb="rope", rope_theta=float(theta), norm="rmsnorm", mlp="swiglu", bias=False,
+                qkv_bias=kind == "qwen2", tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
+                norm_eps=float(hf.get("rms_norm_eps", 1e-6)))
+
+
+def _llama_weights(sd, config, files):
+    """Llama/Qwen2 (under 'model.' or not): q, k, v rows fused into c_attn, gate and up into c_fc, in our order."""
+    sd = {k[len("model."):] if k.startswith("model.") else k: v for k, v in sd.items() if not k.endswith("inv_freq")}
+    head = sd.pop("lm_head.weight", None)
+
+    def take(k):
+        if k not in sd:
+            raise ValueError(f"{files} has no weight {k!r}")
+        return sd.pop(k)
+
+    ours = {"transformer.wte.weight": take("embed_tokens.weight"), "transformer.ln_f.weight": take("norm.weight")}
+    if not config.tie_embeddings:
+        if head is None:
+            raise ValueError(f"{files} has no 'lm_head.weight' (tie_word_embeddings is false)")
+        ours["lm_head.weight"] = head
+    for i in range(config.n_layer):
+        a, o = f"layers.{i}.", f"transformer.h.{i}."
+        ours[o + "attn.c_attn.weight"] = torch.cat([take(a + f"self_attn.{p}_proj.weight") for p in "qkv"])
+        if config.qkv_bias:
+            ours[o + "attn.c_attn.bias"] = torch.cat([take(a + f"self_attn.{p}_proj.bias") for p in "qkv"])
+        ours[o + "attn.c_proj.weight"] = take(a + "self_attn.o_proj.weight")
+        ours[o + "mlp.c_fc.weight"] = torch.cat([take(a + "mlp.gate_proj.weight"), take(a + "mlp.up_proj.weight")])
+        ours[o + "mlp.c_proj.weight"] = take(a + "mlp.down_proj.weight")
+        ours[o + "ln_1.weight"] = take(a + "input_layernorm.weight")
+        ours[o + "ln_2.weight"] = take(a + "post_attention_layernorm.weight")
+    if sd:
+        raise ValueError(f"{files} has weights GPT.from_pretrained does not know: {sorted(sd)[:3]}")
+    return ours
+
+
+# model_type -> (architectures, config.json -> GPTConfig keys, weights -> our state dict of one stack)
+PRETRAINED = {
+    "gpt2": (("GPT2LMHeadModel", "GPT2Model"), _gpt2_config, _gpt2_weights),
+    "llama": (("LlamaForCausalLM", "LlamaModel"), _llama_config, _llama_weights),
+    "qwen2": (("Qwen2ForCausalLM", "Qwen2Model"), _llama_config, _llama_weights),
+}

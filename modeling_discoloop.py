@@ -7,7 +7,6 @@ model.py and kernels.py, so that
 
 runs exactly model.py's forward. The repo itself never imports it (its imports are relative to the folder).
 """
-import torch
 import torch.nn.functional as F
 from transformers import GenerationMixin, PretrainedConfig, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutput

@@ -18,10 +18,10 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from checkpoint import CheckpointError, config_mismatch, load_checkpoint, model_from_checkpoint
-from runlog import early_stop_row, read_metrics
-from configurator import ConfigError, configure, die
-from common import DataError, autocast, resolve_dtype, setup, table
+from checkpoint import config_mismatch, load_checkpoint, model_from_checkpoint
+from common import SYSTEM_CHECKS, CheckpointError, ConfigError, DataError, autocast, die, resolve_dtype, setup, table
+from configurator import INT_GE1, OUTPUT, configure
+from runlog import STOP_METRIC_CHECK, early_stop_row, read_metrics
 from datafolder import kind_of, read_meta
 from model import RECURRENCES
 from tasks import QAData, accuracy
@@ -370,6 +370,7 @@ DEFAULTS = dict(
     device="auto",    # 'auto' | 'cpu' | 'cuda' (common.py's rule)
     dtype="float32",  # probes measure: fp32 unless asked; 'auto' = common.py's rule, 'bfloat16'
 )
+CHECKS = {**SYSTEM_CHECKS, "stop_metric": STOP_METRIC_CHECK, "stop_patience": INT_GE1, "json": OUTPUT, "png": OUTPUT}
 
 
 def main(argv):
@@ -382,7 +383,7 @@ def main(argv):
         die(f"command {cmd!r} is invalid: allowed {list(COMMANDS)}")
     dirs = [a for a in rest if not a.startswith("-")] if cmd == "plot" else []
     try:
-        a = configure(DEFAULTS, [x for x in rest if x not in dirs], f"probe.py {cmd}: {COMMANDS[cmd]}", __file__)
+        a = configure(DEFAULTS, [x for x in rest if x not in dirs], f"probe.py {cmd}: {COMMANDS[cmd]}", __file__, CHECKS)
         if a["norm"] not in NORMS:
             raise ConfigError(f"norm={a['norm']!r} is invalid: allowed {NORMS}")
     except ConfigError as e:

@@ -11,11 +11,8 @@ import os
 import sys
 import time
 
-from configurator import parse_join_rule
-
-
-class RunError(ValueError):
-    pass
+from common import RunError, atomic_write
+from curriculum import fired_joins
 
 
 def open_run_folder(out_dir, lock=True):
@@ -23,6 +20,10 @@ def open_run_folder(out_dir, lock=True):
     (lock_run_folder). A one-line RunError for a file in its place, an unwritable folder or a live holder."""
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):
         raise RunError(f"out_dir={out_dir!r} is an existing file, not a folder")
+    for name in ("ckpt.pt", "metrics.jsonl", "config.json"):  # the files a run writes: a folder in their place is not ours
+        if os.path.isdir(os.path.join(out_dir, name)):
+            raise RunError(f"'{os.path.join(out_dir, name)}' is a folder where the run writes its {name}: move it away "
+                           "or choose another out_dir")
     try:
         os.makedirs(out_dir, exist_ok=True)
         probe = os.path.join(out_dir, f".write-test-{os.getpid()}")
@@ -61,6 +62,8 @@ def read_metrics(path):
     rows = []
     if not os.path.exists(path):
         return rows
+    if os.path.isdir(path):
+        raise RunError(f"'{path}' is a folder, not a metrics file")
     with open(path, encoding="utf-8", errors="replace") as f:
         for lineno, line in enumerate(f, 1):
             if not line.strip():
@@ -86,10 +89,16 @@ def append_metrics(path, row):
 
 
 def write_atomic_json(path, obj):
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=1)
-    os.replace(tmp, path)
+    atomic_write(path, json.dumps(obj, indent=1))
+
+
+def valid_stop_metric(v):  # the end point may be chosen by a validation split only (never train, never test)
+    return v == "" or v == "val_loss" or (v.count("/") == 1 and v.split("/")[0] in ("acc", "acc1", "loss")
+                                          and v.split("/")[1].startswith("val"))
+
+
+STOP_METRIC_CHECK = (valid_stop_metric, "'' or a validation metric such as 'acc/val_id', 'loss/val_id' or 'val_loss' "
+                                        "(a training or test split must not choose the end point)")
 
 
 def early_stop_row(rows, metric, patience):
@@ -106,37 +115,6 @@ def early_stop_row(rows, metric, patience):
         if n - best_i >= patience:
             return i
         n += 1
-    return None
-
-
-def join_iteration(rows, rule):
-    """Iteration of the first evaluation row at which `rule` ('acc/val_id>=0.9') held, or None: a split
-    joined by a rule enters the mix at that iteration."""
-    metric, op, value = parse_join_rule(rule)
-    for r in rows:
-        if metric in r and not r.get("eval_only") and (r[metric] >= value if op == ">=" else r[metric] <= value):
-            return r["iter"]
-    return None
-
-
-def joins_acted(split_join, rows, it):
-    """{split: iteration it joined} for the joins that acted before iteration `it` (a split not listed is
-    in the mix from 0), else None: what a checkpoint at `it` was trained with, and what a resume may
-    not change. A join at `it` itself has not acted: the batch of iteration `it` is drawn after it."""
-    out = {}
-    for name, when in split_join.items():
-        j = join_iteration(rows, when) if isinstance(when, str) else when
-        out[name] = j if j is not None and j < it else None
-    return out
-
-
-def joins_changed(saved, wanted, rows, it):
-    """None if a resume at iteration `it` may use split_join `wanted` where the checkpoint used `saved`: a
-    curriculum may change only where it has not acted yet (a split not listed is in the mix from 0)."""
-    was, now = joins_acted(saved, rows, it), joins_acted(wanted, rows, it)
-    if any(was.get(s, 0) != now.get(s, 0) for s in set(was) | set(now)):
-        return (f"split_join: the checkpoint (iteration {it}) was trained with {saved!r}, now {wanted!r}; "
-                f"only joins at or after iteration {it} may change")
     return None
 
 
@@ -169,9 +147,7 @@ class RunLog:
         file reads as one run. config.json gets the config, `facts` (e.g. the resolved dtype) and, on
         resume, one more entry in its list of resumes with what that resume changed."""
         self.rows = [r for r in self.rows if r["iter"] <= iter_num] if resumed else []
-        with open(f"{self.metrics_path}.tmp-{os.getpid()}", "w") as f:
-            f.writelines(json.dumps(r) + "\n" for r in self.rows)
-        os.replace(f"{self.metrics_path}.tmp-{os.getpid()}", self.metrics_path)
+        atomic_write(self.metrics_path, "".join(json.dumps(r) + "\n" for r in self.rows))
         resumes = []
         if resumed and os.path.exists(self.config_path):
             try:
@@ -200,4 +176,4 @@ class RunLog:
 
     def fired_joins(self, rules):
         """{split: iteration} for the join rules ({split: 'metric>=x'}) that have held so far."""
-        return {name: j for name, rule in rules.items() if (j := join_iteration(self.rows, rule)) is not None}
+        return fired_joins(self.rows, rules)

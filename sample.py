@@ -11,10 +11,10 @@ import sys
 
 import torch
 
-from checkpoint import CheckpointError, load_checkpoint, model_from_checkpoint
-from common import DataError, autocast, resolve_dtype, setup
-from configurator import ConfigError, configure, die
-from datafolder import tokenizer_for
+from checkpoint import load_checkpoint, model_from_checkpoint
+from common import ERRORS, SYSTEM_CHECKS, ConfigError, autocast, die, resolve_dtype, setup
+from configurator import INT_GE1, configure
+from tokenizer import tokenizer_for
 
 DEFAULTS = dict(
     ckpt="",             # checkpoint file or run folder
@@ -31,11 +31,12 @@ DEFAULTS = dict(
     device="auto",       # 'auto' | 'cpu' | 'cuda' (common.py's rule)
     dtype="float32",     # 'float32' | 'bfloat16' | 'auto'
 )
+CHECKS = {**SYSTEM_CHECKS, "num_samples": INT_GE1, "max_new_tokens": INT_GE1}
 
 
 def main(argv):
     try:
-        c = configure(DEFAULTS, argv, __doc__, __file__)
+        c = configure(DEFAULTS, argv, __doc__, __file__, CHECKS)
         if not c["ckpt"]:
             raise ConfigError("--ckpt=PATH is required (a checkpoint file or run folder)")
         for key in ("max_new_tokens", "top_k", "n_loop"):
@@ -63,7 +64,7 @@ def main(argv):
                                    n_loop=c["n_loop"] or None, use_cache=c["use_cache"], generator=gen)
                 print(enc.decode(y[0].tolist()))
                 print("---------------")
-    except (ConfigError, CheckpointError, DataError, ValueError, OSError) as e:
+    except (*ERRORS, ValueError, OSError) as e:
         die(e if not isinstance(e, OSError) else f"{getattr(e, 'filename', '')}: {e.strerror}")
 
 

@@ -12,7 +12,7 @@ import os
 import numpy as np
 import torch
 
-from common import DataError
+from common import DataError, atomic_write
 
 
 class TokenShards:
@@ -94,9 +94,7 @@ def read_max_cache(data_dir):
 def write_max_cache(data_dir, cache):
     path = os.path.join(data_dir, "max_token.json")
     with contextlib.suppress(OSError):  # a read-only data folder: scan at every start instead
-        with open(f"{path}.tmp-{os.getpid()}", "w") as f:
-            json.dump(cache, f)
-        os.replace(f"{path}.tmp-{os.getpid()}", path)
+        atomic_write(path, json.dumps(cache))
 
 
 class WindowOrder:

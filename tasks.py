@@ -18,7 +18,7 @@ import shutil
 import numpy as np
 import torch
 
-from common import DataError
+from common import DataError, replace_folder, tmp_name
 from datafolder import kind_of, read_meta
 
 
@@ -26,7 +26,7 @@ def write_qa(out_dir, files, meta, generator):
     """Write files {name: text} and meta.json into a temp folder, then rename it into place, so an
     interrupted run never leaves a folder that looks complete. The caller has checked (datafolder.
     check_ours, under prepare_lock) that out_dir is absent or its own to replace."""
-    tmp = f"{out_dir.rstrip('/')}.tmp-{os.getpid()}"
+    tmp = tmp_name(out_dir)
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
     # example count and checksum of every file: loading verifies them (a cut file is never read as data)
@@ -38,9 +38,7 @@ def write_qa(out_dir, files, meta, generator):
             f.write(text)
     with open(os.path.join(tmp, "meta.json"), "w") as f:
         json.dump(meta, f, indent=1)
-    if os.path.exists(out_dir):
-        shutil.rmtree(out_dir)
-    os.replace(tmp, out_dir)
+    replace_folder(tmp, out_dir)
 
 
 def load_meta(data_dir):
@@ -144,6 +142,10 @@ class QAData:
         """Report Stage-1 accuracy only for splits whose name starts with one of `prefixes` (a comma list;
         'all' = every split) or that a metric named in `metrics` (the stop and join rules' metrics) is acc1/ of."""
         named = {m.split("/", 1)[1] for m in metrics if m.startswith("acc1/")}
+        unknown = [p for p in prefixes.split(",") if prefixes != "all" and not any(s.startswith(p) for s in self.splits)]
+        if unknown or not prefixes.strip():
+            raise DataError(f"stage1_splits={prefixes!r}: {unknown[0] if unknown else 'it'!r} is no split's name or prefix "
+                            f"here; allowed 'all' or a comma list of prefixes of {sorted(self.splits)}")
         self.stage1 = {s for s in self.splits if prefixes == "all" or s in named
                        or any(p and s.startswith(p) for p in prefixes.split(","))}
 

@@ -22,78 +22,25 @@ from torch.distributed import destroy_process_group, init_process_group
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
-from common import (DTYPES, DataError, any_rank, autocast, cpu_has_bf16_flag, model_step_timer, pick_cpu_dtype,
+import train_config
+from checkpoint import load_for_resume, restore_training, save_checkpoint, strip_compile_prefix
+from common import (DTYPES, ERRORS, any_rank, autocast, cached_cpu_dtype, cpu_has_bf16_flag, die, model_step_timer, pick_cpu_dtype,
                     rank0_decides, resolve_device, resolve_dtype, stop_on_signals)
-from datafolder import open_data
-from checkpoint import CheckpointError, load_for_resume, restore_training, save_checkpoint, strip_compile_prefix
-from configurator import ConfigError, check_with_data, configure, die, parse_join_rule
+from configurator import configure
+from curriculum import rule_metrics
+from dataloader import open_data
 from model import GPT, GPTConfig
-from runlog import RunError, RunLog, open_run_folder
+from runlog import RunLog, open_run_folder
 from tasks import QAData
+from tokenizer import WordVocab, get_encoding, record
 
-_not_config = set(globals())  # every name above (imports) is not a config key
 # -----------------------------------------------------------------------------
-# I/O
-out_dir = "out/symbolic"     # run folder: ckpt.pt, metrics.jsonl, config.json
-eval_interval = 390          # iterations between evaluations and checkpoints (10 epochs)
-log_interval = 10            # iterations between reading the loss back (the only host sync of a step)
-eval_only = False            # evaluate the checkpoint in out_dir once and exit
-init_from = "scratch"        # 'scratch' or 'resume' (from out_dir/ckpt.pt)
-overwrite = False            # with init_from='scratch': replace the checkpoint and metrics already in out_dir
-wandb_log = False            # also log metrics to wandb
-wandb_project = "discoloop"  # wandb project name
-wandb_run_name = "run"       # wandb run name
-# data
-dataset = "symbolic"         # the generator, data/<dataset>/prepare.py: 'symbolic' | 'nl' | 'pretrain'
-data_dir = "data/symbolic/out"  # prepared dataset folder (generated on first use for symbolic/nl)
-data_args = {}               # arguments of data/<dataset>/prepare.py's prepare(), e.g. {"eval_hops": 4}
-batch_size = 512             # per process and micro-step
-gradient_accumulation_steps = 1  # total over all processes, as in nanoGPT
-eval_batch_size = 2048       # QA: questions per evaluation forward
-eval_iters = 50              # pretrain: validation batches per evaluation
-stage1_splits = "train"      # QA: splits (name prefixes, comma list, or 'all') whose Stage-1 accuracy each evaluation reports; splits a stop or join rule reads as acc1/ are added
-stop_metric = ""             # '' = off; else stop early on this evaluation metric, e.g. 'loss/val_id' (loss: lower is better, acc: higher); never a test split
-stop_patience = 10           # with stop_metric: stop after this many evaluations without a new best
-loops_by_hops = False        # QA: a k-hop question is trained and evaluated after k loops (atomic facts after 1): one hop per loop, for hop extrapolation
-extra_loops = 0              # with loops_by_hops: each training question gets 0..extra_loops more loops (drawn per row), so its answer must survive them
-split_join = {}              # QA curriculum: {training split: iteration it joins the mix, or a rule on a validation metric}, e.g. {"train_id_3hop": 6630} or {"train_id_3hop": "acc/val_id>=0.9"}
-# model: every GPTConfig field is a key here too, with GPTConfig's default (model.py; --help lists them);
-# these two are the dataset's unless set
-vocab_size = 0               # embedding rows; 0 = the dataset's vocabulary (larger pads, e.g. to match a parameter count)
-block_size = 8               # longest sequence (QA: at least the longest example; pretrain: the window)
-# optimizer: AdamW on everything, or Muon on the 2-D block matrices + AdamW on the rest
-optimizer = "adamw"          # 'adamw' | 'muon'
-learning_rate = 3e-3         # peak learning rate
-max_iters = 17550            # 450 epochs of 39 iterations (20,000 examples / 512); config/symbolic.py stops
-                             # earlier, when validation accuracy stalls (stop_metric)
-weight_decay = 0.3           # matrices only
-beta1 = 0.9                  # AdamW beta1 (0 <= beta1 < 1)
-beta2 = 0.98                 # AdamW beta2 (0 <= beta2 < 1)
-adam_eps = 1e-8              # AdamW epsilon (> 0)
-grad_clip = 1.0              # 0 disables
-muon_momentum = 0.95         # Muon momentum
-ema_decay = 0.0              # > 0: also keep an exponential moving average of the weights; evaluation and probes use it
-# learning-rate schedule: linear warmup, then cosine/linear decay to min_lr at lr_decay_iters
-decay_lr = True              # False = constant learning rate after warmup
-lr_schedule = "cosine"       # 'cosine' | 'linear'
-warmup_iters = 200           # linear warmup iterations
-lr_decay_iters = 17550       # the cosine is laid out over 450 epochs
-min_lr = 3e-4                # learning rate at the end of the decay
-# system
-device = "auto"              # 'auto' | 'cpu' | 'cuda' | 'cuda:1' | 'mps'
-dtype = "auto"               # 'auto' | 'float32' | 'bfloat16' | 'float16'
-compile = False              # torch.compile the model (a failure is reported, not silent)
-seed = 0                     # seed of weights, data order and dropout (>= 0)
-threads = 0                  # CPU threads (0 = torch default)
-peak_flops = 0.0             # per-device peak FLOP/s for MFU (0 = report TFLOP/s only; bench.py measures one)
-memory_check = True          # on CUDA: print the memory plan and stop before allocating if it does not fit
-# -----------------------------------------------------------------------------
-defaults = {**GPTConfig.defaults(), **{k: v for k, v in globals().items() if k not in _not_config
-                                       and not k.startswith("_") and isinstance(v, (int, float, bool, str, dict))}}
-try:  # every key's one validator runs here (configurator.CHECKS); model keys are GPTConfig's
-    config = configure(defaults, sys.argv[1:], __doc__, [__file__, sys.modules[GPTConfig.__module__].__file__])
-    GPTConfig.from_dict({**config, "vocab_size": config["vocab_size"] or max(1, config["phi_topk"])})  # 0: the data's
-except (ConfigError, ValueError) as e:
+# every key, its default and its meaning: train_config.py (GPTConfig's model keys, then the training keys)
+try:  # every key's one check: train_config.CHECKS here, GPTConfig's for the model keys
+    config = configure(train_config.defaults(), sys.argv[1:], __doc__, [train_config.__file__, sys.modules[GPTConfig.__module__].__file__],
+                       train_config.CHECKS)
+    train_config.check(config)
+except (ValueError, *ERRORS) as e:
     die(e)
 globals().update(config)  # nanoGPT's style: every key is a name below (model keys are read as config[...])
 
@@ -133,10 +80,14 @@ try:
     data = open_data(dataset, data_dir, data_args, block_size, eval_iters, seed, split_join, make=master,
                      barrier=torch.distributed.barrier if ddp else None)
     if isinstance(data, QAData):  # Stage-1 accuracy where the plots (training splits) and the rules read it
-        data.keep_stage1(stage1_splits, [stop_metric, *[parse_join_rule(j)[0] for j in rule_joins.values()]])
+        data.keep_stage1(stage1_splits, [stop_metric, *rule_metrics(split_join)])
         data.loops_by_hops, data.extra_loops = loops_by_hops, extra_loops
-    check_with_data(config, data)  # keys that need the data: metric names, pos_shift, vocab, the first batch
-except (DataError, ConfigError) as e:
+    train_config.check_with_data(config, data)  # keys that need the data: metric names, pos_shift, vocab, the first batch
+    # the checkpoint carries its tokenizer (a vocabulary, a tokenizer.json, or a tiktoken name and hash), so a
+    # re-prepared folder or a replaced file cannot make sample.py or the export decode with another one
+    tok_record = (record(WordVocab(data.meta["vocab"])) if isinstance(data, QAData) else
+                  record(get_encoding(data.config)) if "encoding" in data.config else None)  # None: shards of no generator
+except ERRORS as e:
     die(e)
 sparse = isinstance(data, QAData)  # one answer token per question: the head runs on the answer rows alone
 vocab_size = config["vocab_size"] = vocab_size or data.vocab_size
@@ -145,7 +96,7 @@ vocab_size = config["vocab_size"] = vocab_size or data.vocab_size
 # the run folder: one run at a time; a resume continues only what its checkpoint was trained with
 try:  # fail now, not at the first checkpoint; a second run on out_dir stops here, naming the holder
     run_lock = open_run_folder(out_dir, lock=master)
-except RunError as e:
+except ERRORS as e:
     die(e)
 ckpt_path, log = os.path.join(out_dir, "ckpt.pt"), RunLog(out_dir)
 if init_from == "scratch" and not eval_only and not overwrite and os.path.exists(ckpt_path):
@@ -155,7 +106,7 @@ ckpt, iter_num, changes = None, 0, {}
 if init_from == "resume" or eval_only:  # eval_only evaluates the checkpoint in out_dir
     try:
         ckpt, changes = load_for_resume(ckpt_path, config, data.config, log.read())
-    except CheckpointError as e:
+    except ERRORS as e:
         die(e)
     iter_num = ckpt["iter_num"]
 
@@ -177,12 +128,14 @@ if ckpt is not None:
     model.load_state_dict(strip_compile_prefix(ckpt["model"]))
 model.to(device)
 dtype_seconds = {}
+dtype_source = "given" if config["dtype"] != "auto" else "the checkpoint's" if ckpt is not None else "the device's"
 if dtype == "auto":  # a CPU: bf16 only where THIS model's training step is measured >= 1.25x faster (common.py)
     # rank 0 measures (ranks timing at once would load the same cores) on the first micro-batch; all follow
     x, y, _ = data.get_batch(0, global_batch, 0, gradient_accumulation_steps, seed)
     timer = model_step_timer(model, x.to(device), y.to(device))
-    choice = list(DTYPES).index(pick_cpu_dtype(cpu_has_bf16_flag(), timer)) if master else 0
-    dtype, dtype_seconds = list(DTYPES)[rank0_decides(choice, ctrl_group)], timer.seconds
+    shape = f"{json.dumps(model_args, sort_keys=True)} batch {tuple(x.shape)}"
+    picked, dtype_source = cached_cpu_dtype(shape, lambda: pick_cpu_dtype(cpu_has_bf16_flag(), timer)) if master else ("float32", "")
+    dtype, dtype_seconds = list(DTYPES)[rank0_decides(list(DTYPES).index(picked), ctrl_group)], timer.seconds
 ctx = autocast(device, dtype)
 optimizers = model.configure_optimizers(optimizer, learning_rate, weight_decay, (beta1, beta2), adam_eps,
                                         muon_momentum, fused=device_type == "cuda")
@@ -191,7 +144,7 @@ eval_model = ema if ema is not None else model
 if ckpt is not None:
     try:
         restore_training(ckpt, ckpt_path, optimizers, ema, device_type, need_optimizer=not eval_only)
-    except CheckpointError as e:
+    except ERRORS as e:
         die(e)
 scaler = torch.amp.GradScaler(device_type, enabled=(dtype == "float16"))
 raw_model = model
@@ -273,7 +226,7 @@ tokens_per_iter = global_batch * data.seq_len
 flops_per_iter = raw_model.flops_per_token(data.seq_len) * tokens_per_iter
 if master and not eval_only:  # eval_only changes no file but the row it appends
     log.start(iter_num, config, resumed=init_from == "resume", changes=changes, dtype_resolved=dtype,
-              dtype_seconds=dtype_seconds)
+              dtype_seconds=dtype_seconds, dtype_decided=dtype_source)
     print(f"{config['recurrence']} K={config['n_loop']}: {raw_model.get_num_params() / 1e6:.3f}M parameters, device {device}, dtype {dtype}"
           + (f", world size {world_size}" if ddp else ""))
     if not steps_per_epoch:  # a token budget: say what a step and the run are worth
@@ -282,7 +235,7 @@ if master and not eval_only:  # eval_only changes no file but the row it appends
 try:
     if wandb_log and master:
         log.start_wandb(wandb_project, wandb_run_name, config)
-except RunError as e:
+except ERRORS as e:
     die(e)
 stop = stop_on_signals()  # SIGTERM / Ctrl-C: finish the step (or abandon an evaluation), save, exit 0
 bar = tqdm(total=max_iters, initial=iter_num, dynamic_ncols=True, disable=None, mininterval=1.0) if master else None
@@ -347,10 +300,11 @@ while True:
                    "dtype": dtype, "elapsed": round(time.time() - t_start, 2),
                    "cpu_elapsed": round(time.process_time() - cpu_start, 2), "rng_cpu": torch.get_rng_state(),
                    "last": last, **({"rng_cuda": torch.cuda.get_rng_state()} if device_type == "cuda" else {}),
-                   **({"ema": ema.state_dict()} if ema is not None else {})}
+                   **({"ema": ema.state_dict()} if ema is not None else {}),
+                   **({"tokenizer": tok_record} if tok_record else {})}
             try:
                 save_checkpoint(obj, ckpt_path)
-            except CheckpointError as e:
+            except ERRORS as e:
                 die(e)
             saved_at = iter_num
         if iter_num >= max_iters or stopping or early_stopped:

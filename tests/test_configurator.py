@@ -1,7 +1,8 @@
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from configurator import ConfigError, configure, parse_value
+from common import ConfigError
+from configurator import configure, parse_value
 
 DEFAULTS = {"batch_size": 64, "learning_rate": 3e-3, "compile": False, "device": "cpu", "recurrence": "disco"}
 
@@ -81,9 +82,10 @@ def test_renamed_keys_keep_loading(tmp_path):
     c = configure(defaults, [str(cfg), "--disco_topk=4"])
     assert c == {"phi_topk": 4, "phi_tau": 0.5, "phi_chunk": 0}
     old_args = {"vocab_size": 40, "n_layer": 1, "n_head": 2, "n_embd": 16, "recurrence": "disco", "disco_topk": 3}
-    assert GPTConfig.from_dict(old_args).phi_topk == 3
+    from configurator import renamed  # old names are read where old files are (config files, checkpoints), not by model.py
+    assert GPTConfig.from_dict(renamed(old_args)).phi_topk == 3
     path = str(tmp_path / "ckpt.pt")
-    save_checkpoint({"model": GPT(GPTConfig.from_dict(old_args)).state_dict(), "model_args": old_args,
+    save_checkpoint({"model": GPT(GPTConfig.from_dict(renamed(old_args))).state_dict(), "model_args": old_args,
                      "config": {"disco_chunk": 8}}, path)
     ck = load_checkpoint(path)
     assert ck["model_args"]["phi_topk"] == 3 and "disco_topk" not in ck["model_args"]

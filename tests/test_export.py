@@ -17,7 +17,8 @@ from conftest import REPO, run, tiny_train_args
 transformers = pytest.importorskip("transformers")
 torch.set_num_threads(1)  # tiny models: a second thread only contends with the other test worker
 from checkpoint import save_checkpoint  # noqa: E402
-from export_hf import check_tokenizer, export, tiktoken_to_tokenizer  # noqa: E402
+from export_hf import check_tokenizer, export  # noqa: E402
+from tokenizer import tiktoken_to_hf as tiktoken_to_tokenizer  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 
 SMALL = dict(n_layer=2, n_head=2, n_embd=32, vocab_size=257, block_size=48, n_loop=3)
@@ -144,8 +145,7 @@ def test_tiktoken_conversion_encodes_exactly_as_tiktoken():
     cl100k_base, GPT-2's split regex; random texts of mixed scripts must get identical ids."""
     import tiktoken
     import regex
-    from datafolder import load_prepare
-    pat = load_prepare("pretrain").GPT2_PAT
+    from tokenizer import GPT2_PAT as pat
     ranks = {bytes([i]): i for i in range(256)}
     corpus = ("the theory of the thing that they threw there; " * 20 + "1234 12 123 ünïcödé ü 東京東京")
     for _ in range(60):  # BPE training: the most frequent adjacent pair inside a regex piece merges next
@@ -173,7 +173,8 @@ def test_check_tokenizer_can_fail():
     from tokenizers import Tokenizer
     from tokenizers.models import WordLevel
     from tokenizers.pre_tokenizers import WhitespaceSplit
-    from datafolder import DataError, WordVocab
+    from common import DataError
+    from tokenizer import WordVocab
     enc = WordVocab(["a", "b", "c"])
     tok = Tokenizer(WordLevel({"a": 0, "b": 2, "c": 1}, unk_token=None))
     tok.pre_tokenizer = WhitespaceSplit()

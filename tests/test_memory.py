@@ -4,7 +4,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from configurator import configure, train_defaults
+from configurator import configure
+from train_config import CHECKS, defaults as train_defaults
 from conftest import REPO, run
 from memory import GPUS, HEADROOM, LiveBytes, measure_step, plan
 from kernels import linear_cross_entropy
@@ -109,7 +110,7 @@ def script_defaults_dict():
 
 def test_pretrain_config_plans_within_72_gb():
     """config/pretrain.py (the largest of the three recurrences) on 8 x 80 GB: the 440M model's plan."""
-    c = configure(script_defaults_dict(), [f"{REPO}/config/pretrain.py"])
+    c = configure(script_defaults_dict(), [f"{REPO}/config/pretrain.py"], checks=CHECKS)
     p = plan(c, world_size=8)
     assert p.tokens_per_step == 1_048_576
     assert p.total <= HEADROOM * GPUS["H100 80GB"]

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from conftest import REPO, run
+import tokenizer  # noqa: E402
 
 import importlib.util
 
@@ -26,7 +27,7 @@ def word_encoding(n_words=150):
     for w in [" " + n for n in names] + names + [" " + r for r in nl.RELATIONS]:
         for j in range(2, len(w) + 1):
             ranks.setdefault(w[:j].encode(), len(ranks))
-    return tiktoken.Encoding("words", pat_str=nl.tok.GPT2_PAT, mergeable_ranks=ranks, special_tokens={})
+    return tiktoken.Encoding("words", pat_str=tokenizer.GPT2_PAT, mergeable_ranks=ranks, special_tokens={})
 
 
 @pytest.mark.parametrize("fmt,source,lead", [("direct", "census", True), ("reverse", "census", True),
@@ -36,7 +37,7 @@ def test_round_trip_and_graph(tmp_path, fmt, source, lead):
     out = str(tmp_path / fmt)
     c = configure(nl.DEFAULTS, [f"--out_dir={out}", f"--format={fmt}", f"--names={source}", f"--leading_space={lead}",
                                 "--max_hops=3", "--eval_hops=4"] + SMALL)
-    enc = nl.tok.byte_encoding() if source == "syllable" else word_encoding()
+    enc = tokenizer.byte_encoding() if source == "syllable" else word_encoding()
     nl.prepare(c, enc)
     meta = json.load(open(os.path.join(out, "meta.json")))
     splits, _, graphs = nl.sym.build(c)  # the symbolic examples behind every sentence
@@ -109,7 +110,7 @@ def test_trains_on_nl(tmp_path):
     data = str(tmp_path / "d")
     from configurator import configure
     nl.prepare(configure(nl.DEFAULTS, [f"--out_dir={data}", "--encoding=bytes", "--names=syllable"] + SMALL),
-               nl.tok.byte_encoding())
+               tokenizer.byte_encoding())
     out = str(tmp_path / "run")
     r = run(["train.py", "config/nl_direct.py", f"--data_dir={data}", f"--out_dir={out}", "--max_iters=20",
              "--eval_interval=10", "--n_embd=32", "--n_head=2", "--batch_size=64", "--threads=1", "--dtype=float32",

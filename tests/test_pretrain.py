@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from conftest import REPO, run
+import tokenizer  # noqa: E402
 
 spec = importlib.util.spec_from_file_location("prep_pt", os.path.join(REPO, "data/pretrain/prepare.py"))
 prep = importlib.util.module_from_spec(spec)
@@ -32,7 +33,7 @@ def config(corpus, out, **kw):
     from configurator import configure
     args = [f"--out_dir={out}", f"--data_files={corpus}", "--encoding=bytes", "--val_tokens=2000",
             "--shard_tokens=3000", "--max_tokens=10**9".replace("10**9", "1000000000"), "--batch_docs=16", "--num_proc=1"]
-    return configure(prep.DEFAULTS, args + [f"--{k}={v}" for k, v in kw.items()])
+    return configure(prep.DEFAULTS, args + [f"--{k}={v}" for k, v in kw.items()], checks=prep.CHECKS)
 
 
 def read_all(out, meta):
@@ -44,7 +45,7 @@ def read_all(out, meta):
 def test_round_trip_and_mixture(corpus, tmp_path):
     out = str(tmp_path / "shards")
     meta = prep.prepare(config(corpus, out, short_source="fill"))  # all of both sources
-    enc = prep.byte_encoding()
+    enc = tokenizer.byte_encoding()
     docs = enc.decode_bytes(read_all(out, meta).tolist()).split(b"<|endoftext|>")
     # every document comes back whole, each source's in its own order
     assert docs[-1] == b""
@@ -183,7 +184,7 @@ def test_hugging_face_tokenizer_file(corpus, tmp_path):
     tok.save(path)
     out = str(tmp_path / "s")
     meta = prep.prepare(config(corpus, out, tokenizer_file=path, tokenizer_eot="<eot>", short_source="fill"))
-    enc = prep.get_encoding({**prep.DEFAULTS, "tokenizer_file": path, "tokenizer_eot": "<eot>"})
+    enc = tokenizer.get_encoding({**prep.DEFAULTS, "tokenizer_file": path, "tokenizer_eot": "<eot>"})
     assert meta["encoding"] == "hf:tokenizer.json" and meta["vocab_size"] == tok.get_vocab_size()
     docs = enc.decode(read_all(out, meta).tolist()).split("<eot>")
     assert sorted(d for d in docs if d) == sorted(DOCS["web"] + DOCS["math"])

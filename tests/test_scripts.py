@@ -1,18 +1,20 @@
 """Nothing silent and no raw traceback, on every script: each category of the reliability pass, through the one
-validator of its key (configurator.CHECKS, GPTConfig) or the script's own input checks. A bad value is one
+validator of its key (train_config.CHECKS and each script's CHECKS, GPTConfig) or the script's own input checks. A bad value is one
 line naming it and what is allowed, exit 2, before any work, and nothing on disk changes."""
 import json
 import os
 
 import pytest
 
-from configurator import ConfigError, configure, parse_join_rule
+from common import ConfigError
+from configurator import configure
+from curriculum import parse_join_rule
 from conftest import run, tiny_train_args
 from model import GPTConfig
 from test_cli import one_line
 
 
-from configurator import train_defaults  # noqa: E402
+from train_config import CHECKS, check as train_check, defaults as train_defaults  # noqa: E402
 
 
 @pytest.mark.parametrize("args,needle", [
@@ -31,7 +33,7 @@ from configurator import train_defaults  # noqa: E402
 def test_training_keys_have_one_validator(args, needle):
     defaults = {**train_defaults(), "json": ""}
     with pytest.raises(ConfigError, match=None) as e:
-        configure(defaults, args)
+        train_check(configure(defaults, args, checks=CHECKS))
     assert needle in str(e.value) and "\n" not in str(e.value)
 
 

@@ -287,8 +287,7 @@ def test_split_join_resume_may_move_only_future_joins(tiny_data, tmp_path):
     """Integer joins and rule joins ('metric>=x': the split joins at the first evaluation where it held)
     are one decision whether the run was interrupted or not, and a resume may change only what has not
     acted yet."""
-    from configurator import parse_join_rule
-    from runlog import join_iteration, joins_acted
+    from curriculum import join_iteration, joins_acted, parse_join_rule
     out, live = str(tmp_path / "run"), str(tmp_path / "live")
     r = run(tiny_train_args(tiny_data, out, "--max_iters=10", "--eval_interval=10", "--split_join={'train_id': 100}"))
     assert r.returncode == 0, r.stderr

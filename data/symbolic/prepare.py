@@ -25,7 +25,8 @@ import numpy as np
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, REPO)
-from configurator import ConfigError, cli  # noqa: E402
+from common import ConfigError  # noqa: E402
+from configurator import FOLDER, INT_GE0, cli  # noqa: E402
 from datafolder import check_ours, prepare_lock  # noqa: E402
 from tasks import write_qa  # noqa: E402
 
@@ -44,6 +45,7 @@ DEFAULTS = dict(
     pad_left=0,        # training questions (facts included) start after 0..pad_left '_' tokens, drawn once per question
                        # (test and val have none): varied offsets for hop extrapolation
 )
+CHECKS = {"out_dir": FOLDER, "seed": INT_GE0}  # the relations between keys: check_config
 GENERATOR_KEYS = [k for k in DEFAULTS if k != "out_dir"]  # what makes two datasets the same
 ADDED_KEYS = ("n_val", "pad_left")  # keys added since: a folder without them is this generator's, prepared again (its other
                          # splits come out byte-identical: generation is deterministic and new keys only add splits)
@@ -169,7 +171,7 @@ def prepare(c):
 
 def main(argv):
     c, (verb, out) = cli(lambda c: ("kept existing" if os.path.exists(c["out_dir"]) else "wrote", prepare(c)),
-                         DEFAULTS, argv, __doc__, __file__)
+                         DEFAULTS, argv, __doc__, __file__, CHECKS)
     with open(os.path.join(out, "meta.json")) as f:
         meta = json.load(f)
     for s, info in meta["splits"].items():

@@ -1,0 +1,52 @@
+"""
+open_data: a prepared folder's training data, by the kind its meta.json names (tasks.QAData for question-answer
+folders, shards.TokenData for token shards: one interface), prepared first by data/<dataset>/prepare.py where
+that is cheap. The one place that picks a prepare script by the dataset's name.
+"""
+import importlib
+import os
+
+from common import DataError
+from configurator import merge
+from datafolder import kind_of, read_meta
+from shards import TokenData
+from tasks import QAData
+
+REPO = os.path.dirname(os.path.abspath(__file__))
+
+
+def generators():
+    return sorted(d for d in os.listdir(os.path.join(REPO, "data")) if os.path.isfile(os.path.join(REPO, "data", d, "prepare.py")))
+
+
+def load_prepare(generator):
+    """data/<generator>/prepare.py as a module (its DEFAULTS, CHECKS, prepare(), ...)."""
+    if generator not in generators():
+        raise DataError(f"dataset={generator!r} has no data/{generator}/prepare.py: allowed {generators()}")
+    return importlib.import_module(f"data.{generator}.prepare")
+
+
+def open_data(dataset, data_dir, data_args, block_size, eval_iters, seed, split_join, make=True, barrier=None):
+    """The training data of a folder, by the kind its meta.json names: QAData (question-answer folders) or
+    TokenData (token shards), one interface (vocab_size, config, seq_len, steps_per_epoch, get_batch,
+    evaluate, metric_names). make: run data/<dataset>/prepare.py first where it says that is cheap (QA
+    folders: a no-op when this generator made the folder with this config), or for a token corpus when
+    data_args says how; barrier: under DDP, the other ranks wait for rank 0's prepare."""
+    prep = load_prepare(dataset)
+    if make and (prep.ON_FIRST_USE or (data_args and not os.path.exists(os.path.join(data_dir, "meta.json")))):
+        prep.prepare(merge(prep.DEFAULTS, {**data_args, "out_dir": data_dir}, "data_args", prep.CHECKS))
+    if barrier:
+        barrier()
+    if not os.path.exists(os.path.join(data_dir, "meta.json")) and not data_args and not prep.ON_FIRST_USE:
+        raise DataError(f"data_dir={data_dir!r} holds no prepared dataset, and dataset={dataset!r} is not prepared on "
+                        f"first use without data_args: run python data/{dataset}/prepare.py --out_dir={data_dir} first")
+    meta = read_meta(data_dir)
+    if meta.get("generator", dataset) != dataset:
+        raise DataError(f"data_dir={data_dir!r} holds data made by data/{meta['generator']}/prepare.py, "
+                        f"not dataset={dataset!r}")
+    if kind_of(meta) == "tokens":
+        if split_join:
+            raise DataError(f"split_join={split_join!r} is for QA datasets; a token corpus has no splits to join")
+        return TokenData(data_dir, block_size, eval_iters, seed)
+    # a join by rule ('acc/val_id>=0.9') is not known yet: the split waits until train.py sets it
+    return QAData(data_dir, block_size, {s: None if isinstance(j, str) else j for s, j in split_join.items()})

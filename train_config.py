@@ -1,0 +1,158 @@
+"""
+train.py's keys: each key's default and meaning (--help prints the comment on its line), its one check,
+and the checks that need the opened dataset. Model keys are GPTConfig's (model.py), checked there.
+Importable without running training, so bench.py plans and times a training config with the same keys.
+"""
+from common import SYSTEM_CHECKS, ConfigError
+from configurator import FOLDER, INT_GE0, INT_GE1, OUTPUT, num, one_of
+import curriculum
+from model import RECURRENCES, GPTConfig
+from runlog import STOP_METRIC_CHECK
+
+_imported = set(globals())  # every name above is not a key
+# -----------------------------------------------------------------------------
+# I/O
+out_dir = "out/symbolic"     # run folder: ckpt.pt, metrics.jsonl, config.json
+eval_interval = 390          # iterations between evaluations and checkpoints (10 epochs)
+log_interval = 10            # iterations between reading the loss back (the only host sync of a step)
+eval_only = False            # evaluate the checkpoint in out_dir once and exit
+init_from = "scratch"        # 'scratch' or 'resume' (from out_dir/ckpt.pt)
+overwrite = False            # with init_from='scratch': replace the checkpoint and metrics already in out_dir
+wandb_log = False            # also log metrics to wandb
+wandb_project = "discoloop"  # wandb project name
+wandb_run_name = "run"       # wandb run name
+# data
+dataset = "symbolic"         # the generator, data/<dataset>/prepare.py: 'symbolic' | 'nl' | 'pretrain'
+data_dir = "data/symbolic/out"  # prepared dataset folder (generated on first use for symbolic/nl)
+data_args = {}               # arguments of data/<dataset>/prepare.py's prepare(), e.g. {"eval_hops": 4}
+batch_size = 512             # per process and micro-step
+gradient_accumulation_steps = 1  # total over all processes, as in nanoGPT
+eval_batch_size = 2048       # QA: questions per evaluation forward
+eval_iters = 50              # pretrain: validation batches per evaluation
+stage1_splits = "train"      # QA: splits (name prefixes, comma list, or 'all') whose Stage-1 accuracy each evaluation reports; splits a stop or join rule reads as acc1/ are added
+stop_metric = ""             # '' = off; else stop early on this evaluation metric, e.g. 'loss/val_id' (loss: lower is better, acc: higher); never a test split
+stop_patience = 10           # with stop_metric: stop after this many evaluations without a new best
+loops_by_hops = False        # QA: a k-hop question is trained and evaluated after k loops (atomic facts after 1): one hop per loop, for hop extrapolation
+extra_loops = 0              # with loops_by_hops: each training question gets 0..extra_loops more loops (drawn per row), so its answer must survive them
+split_join = {}              # QA curriculum: {training split: iteration it joins the mix, or a rule on a validation metric}, e.g. {"train_id_3hop": 6630} or {"train_id_3hop": "acc/val_id>=0.9"}
+# model: every GPTConfig field is a key here too, with GPTConfig's default (model.py; --help lists them);
+# these two are the dataset's unless set
+vocab_size = 0               # embedding rows; 0 = the dataset's vocabulary (larger pads, e.g. to match a parameter count)
+block_size = 8               # longest sequence (QA: at least the longest example; pretrain: the window)
+# optimizer: AdamW on everything, or Muon on the 2-D block matrices + AdamW on the rest
+optimizer = "adamw"          # 'adamw' | 'muon'
+learning_rate = 3e-3         # peak learning rate
+max_iters = 17550            # 450 epochs of 39 iterations (20,000 examples / 512); config/symbolic.py stops
+                             # earlier, when validation accuracy stalls (stop_metric)
+weight_decay = 0.3           # matrices only
+beta1 = 0.9                  # AdamW beta1 (0 <= beta1 < 1)
+beta2 = 0.98                 # AdamW beta2 (0 <= beta2 < 1)
+adam_eps = 1e-8              # AdamW epsilon (> 0)
+grad_clip = 1.0              # 0 disables
+muon_momentum = 0.95         # Muon momentum
+ema_decay = 0.0              # > 0: also keep an exponential moving average of the weights; evaluation and probes use it
+# learning-rate schedule: linear warmup, then cosine/linear decay to min_lr at lr_decay_iters
+decay_lr = True              # False = constant learning rate after warmup
+lr_schedule = "cosine"       # 'cosine' | 'linear'
+warmup_iters = 200           # linear warmup iterations
+lr_decay_iters = 17550       # the cosine is laid out over 450 epochs
+min_lr = 3e-4                # learning rate at the end of the decay
+# system
+device = "auto"              # 'auto' | 'cpu' | 'cuda' | 'cuda:1' | 'mps'
+dtype = "auto"               # 'auto' | 'float32' | 'bfloat16' | 'float16'
+compile = False              # torch.compile the model (a failure is reported, not silent)
+seed = 0                     # seed of weights, data order and dropout (>= 0)
+threads = 0                  # CPU threads (0 = torch default)
+peak_flops = 0.0             # per-device peak FLOP/s for MFU (0 = report TFLOP/s only; bench.py measures one)
+memory_check = True          # on CUDA: print the memory plan and stop before allocating if it does not fit
+
+
+KEYS = {k: v for k, v in dict(globals()).items() if k not in _imported and not k.startswith("_")}
+
+
+def _init_from(v):  # 'scratch', 'resume', or a folder to start from (a run folder, a Hugging Face folder)
+    return isinstance(v, str) and v.strip() != ""
+
+
+def _data_args(v):  # the prepare script's arguments; where it writes is data_dir's to say
+    return isinstance(v, dict) and "out_dir" not in v
+
+
+CHECKS = {**SYSTEM_CHECKS,
+          "init_from": (_init_from, "'scratch', 'resume', or a run folder / Hugging Face folder to start from"),
+          "optimizer": one_of("adamw", "muon"),
+          "lr_schedule": one_of("cosine", "linear"),
+          "learning_rate": num(0, lo_open=True),
+          "min_lr": num(0),
+          "weight_decay": num(0),
+          "grad_clip": num(0),
+          "beta1": num(0, 1, hi_open=True),
+          "beta2": num(0, 1, hi_open=True),
+          "adam_eps": num(0, lo_open=True),
+          "ema_decay": num(0, 1, hi_open=True),
+          "muon_momentum": num(0, 1, hi_open=True),
+          "peak_flops": num(0),
+          "stop_metric": STOP_METRIC_CHECK,
+          "out_dir": FOLDER,
+          "data_dir": FOLDER,
+          "data_args": (_data_args, "a dict of the prepare script's arguments without 'out_dir' (data_dir is the folder)"),
+          "split_join": curriculum.CHECK,
+          "extra_loops": INT_GE0,
+          "json": OUTPUT}
+for _k in ("batch_size", "gradient_accumulation_steps", "eval_interval", "log_interval", "eval_batch_size",
+           "eval_iters", "stop_patience"):
+    CHECKS[_k] = INT_GE1
+for _k in ("max_iters", "warmup_iters", "lr_decay_iters"):
+    CHECKS[_k] = INT_GE0
+
+
+def defaults():
+    """Every key train.py takes: GPTConfig's model keys, then the training keys (whose vocab_size and
+    block_size mean the dataset's vocabulary and longest example)."""
+    return {**GPTConfig.defaults(), **KEYS}
+
+
+def check(config):
+    """The relations between training keys (each key alone is checked by CHECKS, model keys by GPTConfig)."""
+    if config["min_lr"] > config["learning_rate"]:
+        raise ConfigError(f"min_lr={config['min_lr']} is above learning_rate={config['learning_rate']}: "
+                          "the schedule decays to min_lr, so allowed min_lr <= learning_rate")
+    GPTConfig.from_dict({**config, "vocab_size": config["vocab_size"] or max(1, config["phi_topk"])})  # 0: the data's
+
+
+def check_with_data(config, data):
+    """The keys that are checked against the training data (train.py, once the folder is open): metric names,
+    the position shift, the vocabulary, and a first batch that the mix at iteration 0 can fill."""
+    names, val = data.metric_names, [m for m in data.metric_names if "val" in m]
+    curriculum.check_against(config["split_join"], names)
+    if config["stop_metric"] and config["stop_metric"] not in names:
+        raise ConfigError(f"stop_metric={config['stop_metric']!r} is not among this dataset's metrics: {val}")
+    shift, block = config["pos_shift"], config["block_size"]
+    if shift and data.seq_len + shift > block:
+        raise ConfigError(f"pos_shift={shift} with training sequences of {data.seq_len} tokens needs block_size >= "
+                          f"{data.seq_len + shift}, not {block}")
+    if config["vocab_size"] and config["vocab_size"] < data.vocab_size:
+        raise ConfigError(f"vocab_size={config['vocab_size']} is smaller than the dataset's vocabulary ({data.vocab_size})")
+    if config["loops_by_hops"] or config["extra_loops"]:
+        check_loops_by_hops(config, data)
+    first = int((data.row_join == 0).sum()) if hasattr(data, "row_join") else None  # QA: examples in the mix at 0
+    batch, accum = config["batch_size"], config["gradient_accumulation_steps"]
+    if first is not None and batch * accum > first:
+        raise ConfigError(f"batch_size={batch} x gradient_accumulation_steps={accum} is more than the {first} training "
+                          f"examples in the mix at iteration 0 of '{config['data_dir']}': allowed at most {first}")
+
+
+def check_loops_by_hops(config, data):
+    """loops_by_hops reads a k-hop question after k loops: QA data, and k loops that the model can run."""
+    if not config["loops_by_hops"]:
+        raise ConfigError(f"extra_loops={config['extra_loops']} adds loops to loops_by_hops's; allowed 0 without it")
+    if not hasattr(data, "hops"):
+        raise ConfigError("loops_by_hops=True is for question-answer data (a k-hop question after k loops); "
+                          f"'{config['data_dir']}' is a token corpus")
+    K, copies, extra = config["n_loop"], RECURRENCES[config["recurrence"]].copies, config["extra_loops"]
+    for s in data.splits:  # training rows: hops + up to extra_loops loops; evaluation: k loops for k hops
+        need = data.hops(s) + (extra if s in data.train_splits else 0)
+        if need > K and (s in data.train_splits or copies):
+            raise ConfigError(f"loops_by_hops=True: split {s!r} needs {need} loops ({data.hops(s)} hops"
+                              f"{f' + extra_loops={extra}' if s in data.train_splits and extra else ''}), more than "
+                              f"n_loop={K} {'untied copies' if copies else 'trained loops'}: allowed n_loop >= {need}")
