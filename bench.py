@@ -21,6 +21,8 @@ import time
 import torch
 
 import train_config
+from kernels import TopkPhi
+from memory import format_plan, plan
 from common import DTYPES, SYSTEM_CHECKS, ConfigError, autocast, die, resolve_dtype, setup, table
 from configurator import INT_GE0, INT_GE1, OUTPUT, configure
 from model import GPT, RECURRENCES, GPTConfig
@@ -214,7 +216,6 @@ def training_config(argv, name, doc, extra, checks, need_file=True, need_vocab=T
 def plan_main(argv):
     """bench.py plan CONFIG [--key=value ...] [--world_size=N]: the memory plan and the throughput
     arithmetic of a training config, for the GPU run we cannot make here."""
-    from memory import format_plan, plan
     c = training_config(argv, "plan", plan_main.__doc__, {"world_size": 8},  # GPUs (ranks) the run is planned for
                         {"world_size": INT_GE1}, need_vocab=False)
     if c["gradient_accumulation_steps"] % c["world_size"]:
@@ -265,8 +266,6 @@ def step_main(argv):
     process: peak memory (torch.cuda.max_memory_allocated) against `bench.py plan`'s figure at the same micro-batch,
     median step time, tokens/s, MFU against --peak_flops (default: an H100's dense bf16 989 TFLOP/s), each step
     time over the first variant's, and top-k Phi's share of the step (its forward + backward timed alone, x K-1)."""
-    from kernels import TopkPhi
-    from memory import plan
     extra = {"variants": "loop,disco",  # comma list of recurrences to measure (the first is the reference)
              "steps": 10}               # timed steps per variant (after 3 untimed)
     c = training_config(argv, "step", step_main.__doc__, extra, {"steps": INT_GE1})

@@ -28,7 +28,7 @@ from tokenizer import WordVocab, to_hf_tokenizer, tokenizer_for
 
 REPO = os.path.dirname(os.path.abspath(__file__))
 # model.py's one import of this repo, as the export folder (a package under transformers' module cache) needs it
-IMPORTS = {"from kernels import ": "from .kernels import "}
+IMPORTS = {"from kernels import ": "from .kernels import ", "from muon import ": "from .muon import "}
 # texts the exported tokenizer must encode exactly as the checkpoint's: spaces, digits, punctuation, non-ASCII
 SAMPLES = ["Hello world", "  two  spaces, then\ttab\nand newline\n\n", "It's 1234567 o'clock; don't!",
            "naïve café — 東京 🙂", "ROMEO:\nWhat light through yonder window breaks?", " leading space", ""]
@@ -51,7 +51,7 @@ def check_tokenizer(tok, enc, samples):
 
 # what an export writes: the only files a folder may hold for --overwrite=True to replace it
 EXPORT_FILES = {"config.json", "model.safetensors", "modeling_discoloop.py", "model.py", "kernels.py",
-                "configurator_renames.py", "tokenizer.json", "tokenizer_config.json", "__pycache__"}
+                "muon.py", "configurator_renames.py", "tokenizer.json", "tokenizer_config.json", "__pycache__"}
 
 
 def check_out_dir(out_dir, overwrite):
@@ -119,7 +119,7 @@ def write_export(ckpt_path, out_dir, tmp, use_ema, transformers_version, save_fi
         source = source.replace(old, new)
     with open(os.path.join(tmp, "model.py"), "w") as f:
         f.write(source)
-    for name in ("kernels.py", "modeling_discoloop.py"):
+    for name in ("kernels.py", "muon.py", "modeling_discoloop.py"):
         shutil.copy(os.path.join(REPO, name), tmp)
     cfg = model.config
     eos_id = enc.eot_token if eos is not None else None

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from kernels import TopkPhi, linear_cross_entropy, upcast
+from muon import SplitMuon, takes_muon
 
 
 @dataclass(frozen=True)
@@ -391,7 +392,6 @@ class GPT(nn.Module):
         """[AdamW] or [AdamW, Muon]. Weight decay on matrices only. With 'muon', the 2-D block matrices go
         to Muon (scaled to AdamW-like lr by match_rms_adamw; q, k, v and gate, up orthogonalized apart,
         muon.py); embeddings, norms and gates stay with AdamW."""
-        from muon import SplitMuon, takes_muon
         params = {n: p for n, p in self.named_parameters() if p.requires_grad}
         muon_names = [n for n, p in params.items() if optimizer == "muon" and takes_muon(n, p)]
         decay = [p for n, p in params.items() if p.dim() >= 2 and n not in muon_names]

@@ -29,6 +29,7 @@ from common import (DTYPES, ERRORS, any_rank, autocast, cached_cpu_dtype, cpu_ha
 from configurator import configure
 from curriculum import rule_metrics
 from dataloader import open_data
+from memory import check_fits
 from model import GPT, GPTConfig
 from runlog import RunLog, open_run_folder
 from tasks import QAData
@@ -117,7 +118,6 @@ if dtype == "auto" and ckpt is not None and ckpt.get("dtype"):
 elif dtype == "auto" and device_type != "cpu":
     dtype = resolve_dtype("auto", device)  # a GPU: bf16 where it has it (a CPU: timed below, on this model)
 if device_type == "cuda" and memory_check:  # measured with fake tensors: an OOM-bound config stops here, not at step 1
-    from memory import check_fits
     why = check_fits(config, world_size, DTYPES[dtype], torch.cuda.get_device_properties(device).total_memory, master)
     if why:
         die(why)

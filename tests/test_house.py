@@ -1,0 +1,78 @@
+"""The house's layering, read from the source: no import cycle among the project's modules, model.py (with
+kernels.py) stands alone for a forker to copy, common.py imports nothing of the project, and a project module is
+imported inside a function only where that saves a heavy third-party import (the line says so)."""
+import ast
+import glob
+import os
+import subprocess
+import sys
+
+from conftest import REPO
+
+MODULES = {os.path.splitext(os.path.basename(p))[0]: p for p in glob.glob(os.path.join(REPO, "*.py"))}
+SCRIPTS = {f"data.{os.path.basename(os.path.dirname(p))}.{os.path.splitext(os.path.basename(p))[0]}": p
+           for p in glob.glob(os.path.join(REPO, "data", "*", "*.py"))}
+PROJECT = {**MODULES, **SCRIPTS}
+
+
+def imports(path):
+    """[(module, lineno, at top level?)] of the project modules a file imports."""
+    tree = ast.parse(open(path).read())
+    top = set(id(n) for n in tree.body)
+    out = []
+    for node in ast.walk(tree):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+        for name in names:
+            if name in PROJECT:
+                out.append((name, node.lineno, id(node) in top))
+    return out
+
+
+def graph():
+    return {m: {n for n, _, _ in imports(p)} - {m} for m, p in PROJECT.items() if m != "modeling_discoloop"}
+
+
+def test_no_import_cycle():
+    g, state, cycle = graph(), {}, []
+
+    def visit(m, path):
+        state[m] = "open"
+        for n in sorted(g.get(m, ())):
+            if state.get(n) == "open":
+                cycle.append(path[path.index(n):] + [n] if n in path else [m, n])
+            elif n not in state:
+                visit(n, path + [n])
+        state[m] = "done"
+    for m in sorted(g):
+        if m not in state:
+            visit(m, [m])
+    assert not cycle, f"import cycle: {' -> '.join(cycle[0])}"
+
+
+def test_model_and_common_stand_low():
+    g = graph()
+    assert g["model"] <= {"kernels", "muon"}, f"model.py imports {sorted(g['model'])}: a forker copies model.py + kernels.py"
+    assert not g["common"] and not g["kernels"], "common.py and kernels.py import nothing of the project"
+
+
+def test_model_py_runs_copied_alone(tmp_path):
+    for name in ("model.py", "kernels.py", "muon.py"):
+        (tmp_path / name).write_text(open(os.path.join(REPO, name)).read())
+    code = ("import torch; from model import GPT, GPTConfig; m = GPT(GPTConfig(vocab_size=50, n_layer=1, n_head=2, "
+            "n_embd=16, block_size=8, recurrence='disco', n_loop=2)); x = torch.randint(0, 50, (2, 8)); "
+            "print(m(x, x)[1].item() > 0)")
+    r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "PYTHONPATH": ""})
+    assert r.returncode == 0 and r.stdout.strip() == "True", r.stderr[-2000:]
+
+
+def test_function_level_project_imports_say_why():
+    for m, path in PROJECT.items():
+        lines = open(path).read().splitlines()
+        for name, lineno, top in imports(path):
+            if not top and not name.startswith("data."):  # data.<name>.prepare: the dataset dispatch (dataloader.py)
+                assert "#" in lines[lineno - 1], f"{m}.py:{lineno} imports {name} inside a function without saying why"
