@@ -7,6 +7,7 @@ GPTConfig fields (`model_args`), the full training config, iteration, RNG states
 dataset's generating config. `torch.load(weights_only=True)` therefore suffices, so loading
 someone else's file cannot execute their code.
 """
+import json
 import os
 import zlib
 
@@ -15,7 +16,7 @@ import torch
 from common import CheckpointError, atomic_write
 from configurator import renamed
 from curriculum import joins_changed
-from model import GPT, GPTConfig
+from model import GPT, PRETRAINED, GPTConfig
 
 
 def content_crc(obj, crc=0):
@@ -162,3 +163,45 @@ def config_mismatch(saved, wanted, keys):
         if k in saved and k in wanted and saved[k] != wanted[k]:
             return f"{k}: checkpoint has {saved[k]!r}, now {wanted[k]!r}"
     return None
+
+
+def load_branch(path, config):
+    """init_from=<folder>: the starting weights of a new run, with its own optimizer and schedule (a resume stays
+    strict). A run folder or checkpoint file gives its weights (and its weight average); a Hugging Face folder
+    (config.json of a supported model_type) gives GPT.from_pretrained's, its architecture replacing the config's
+    model keys, the recurrence keys (recurrence, n_loop, disco_*, phi_*) staying the config's. Returns
+    (model state, weight-average state or None, {model key: value} the config must take, facts for config.json)."""
+    hf_config = os.path.join(path, "config.json")
+    if os.path.isdir(path) and not os.path.exists(os.path.join(path, "ckpt.pt")) and os.path.isfile(hf_config):
+        try:
+            with open(hf_config) as f:
+                kind = json.load(f).get("model_type")
+            with open(hf_config) as f:
+                arch = PRETRAINED[kind][1](json.load(f), hf_config) if kind in PRETRAINED else {}
+            keep = {k: v for k, v in config.items() if k in GPTConfig.defaults() and k not in arch}
+            model = GPT.from_pretrained(path, **{**keep, "block_size": config["block_size"] or arch["block_size"]})
+        except (OSError, ValueError, KeyError) as e:
+            raise CheckpointError(f"init_from={path!r}: {str(e).splitlines()[0]}") from None
+        args = {f: getattr(model.config, f) for f in GPTConfig.defaults()}
+        return model.state_dict(), None, args, {"init_from": path, "init_kind": f"Hugging Face {kind}",
+                                                "init_fresh": model.pretrained_fresh}
+    if not os.path.exists(path):
+        raise CheckpointError(f"init_from={path!r} is not 'scratch', 'resume', a run folder, a checkpoint or a Hugging "
+                              "Face model folder: nothing there")
+    ckpt = load_checkpoint(path)
+    return (strip_compile_prefix(ckpt["model"]), ckpt.get("ema"), {},
+            {"init_from": path, "init_kind": "run", "init_iter": ckpt.get("iter_num"),
+             "init_changed": {k: [v, config[k]] for k, v in ckpt.get("config", {}).items()
+                              if k in config and config[k] != v and k not in ("out_dir", "init_from", "overwrite")}})
+
+
+def load_branch_weights(model, state, path):
+    """Load a branch's weights into the new run's model: every source weight needs a home of its shape; weights the
+    source lacks (a recurrence's new gate or injection norm) start fresh and are named. One-line CheckpointError."""
+    want = model.state_dict()
+    bad = [k for k, v in state.items() if k not in want or want[k].shape != v.shape]
+    if bad:
+        raise CheckpointError(f"init_from={path!r}: its weight {bad[0]} has no place of that shape in this model "
+                              f"({len(bad)} such); the model keys must describe the same stack")
+    missing, _ = model.load_state_dict(state, strict=False)
+    return [m for m in missing if not (m == "lm_head.weight" and model.config.tie_embeddings)]

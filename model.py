@@ -374,6 +374,7 @@ class GPT(nn.Module):
                and ".ln_2b." not in m and not (m == "lm_head.weight" and config.tie_embeddings)]
         if new:
             raise ValueError(f"{files} has no weight for {new[0]} ({len(new)} missing)")
+        model.pretrained_fresh = sorted(m for m in missing if not (m == "lm_head.weight" and config.tie_embeddings))
         return model.eval()
 
     def projection_splits(self):

@@ -23,7 +23,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
 import train_config
-from checkpoint import load_for_resume, restore_training, save_checkpoint, strip_compile_prefix
+from checkpoint import (load_branch, load_branch_weights, load_for_resume, restore_training, save_checkpoint,
+                        strip_compile_prefix)
 from common import (DTYPES, ERRORS, any_rank, autocast, cached_cpu_dtype, cpu_has_bf16_flag, die, model_step_timer, pick_cpu_dtype,
                     rank0_decides, resolve_device, resolve_dtype, stop_on_signals)
 from configurator import configure
@@ -43,6 +44,13 @@ try:  # every key's one check: train_config.CHECKS here, GPTConfig's for the mod
     train_config.check(config)
 except (ValueError, *ERRORS) as e:
     die(e)
+branch, branch_facts = None, {}
+if config["init_from"] not in ("scratch", "resume"):  # a new run from another run's (or a Hugging Face model's) weights
+    try:
+        *branch, model_keys, branch_facts = load_branch(config["init_from"], config)
+        config.update(model_keys)  # a Hugging Face folder's architecture replaces the config's
+    except ERRORS as e:
+        die(e)
 globals().update(config)  # nanoGPT's style: every key is a name below (model keys are read as config[...])
 
 # -----------------------------------------------------------------------------
@@ -100,7 +108,7 @@ try:  # fail now, not at the first checkpoint; a second run on out_dir stops her
 except ERRORS as e:
     die(e)
 ckpt_path, log = os.path.join(out_dir, "ckpt.pt"), RunLog(out_dir)
-if init_from == "scratch" and not eval_only and not overwrite and os.path.exists(ckpt_path):
+if init_from != "resume" and not eval_only and not overwrite and os.path.exists(ckpt_path):
     die(f"out_dir '{out_dir}' already holds a checkpoint: continue it with --init_from=resume, "
         "or start over with --overwrite=True (replaces ckpt.pt and metrics.jsonl)")
 ckpt, iter_num, changes = None, 0, {}
@@ -126,6 +134,12 @@ model_args = {k: config[k] for k in GPTConfig.__dataclass_fields__}  # stored in
 model = GPT(GPTConfig.from_dict(config))
 if ckpt is not None:
     model.load_state_dict(strip_compile_prefix(ckpt["model"]))
+elif branch is not None:
+    try:
+        fresh = load_branch_weights(model, branch[0], init_from)  # e.g. DiscoLoop's gate, new to a vanilla loop's run
+        branch_facts["init_fresh"] = sorted(set(branch_facts.get("init_fresh", []) + fresh))
+    except ERRORS as e:
+        die(e)
 model.to(device)
 dtype_seconds = {}
 dtype_source = "given" if config["dtype"] != "auto" else "the checkpoint's" if ckpt is not None else "the device's"
@@ -140,6 +154,8 @@ ctx = autocast(device, dtype)
 optimizers = model.configure_optimizers(optimizer, learning_rate, weight_decay, (beta1, beta2), adam_eps,
                                         muon_momentum, fused=device_type == "cuda")
 ema = copy.deepcopy(model).requires_grad_(False) if ema_decay > 0 else None  # weight average: evaluated, probed
+if ema is not None and branch is not None and branch[1] is not None:
+    load_branch_weights(ema, branch[1], init_from)  # a branch continues its source's average too
 eval_model = ema if ema is not None else model
 if ckpt is not None:
     try:
@@ -226,7 +242,7 @@ tokens_per_iter = global_batch * data.seq_len
 flops_per_iter = raw_model.flops_per_token(data.seq_len) * tokens_per_iter
 if master and not eval_only:  # eval_only changes no file but the row it appends
     log.start(iter_num, config, resumed=init_from == "resume", changes=changes, dtype_resolved=dtype,
-              dtype_seconds=dtype_seconds, dtype_decided=dtype_source)
+              dtype_seconds=dtype_seconds, dtype_decided=dtype_source, **branch_facts)
     print(f"{config['recurrence']} K={config['n_loop']}: {raw_model.get_num_params() / 1e6:.3f}M parameters, device {device}, dtype {dtype}"
           + (f", world size {world_size}" if ddp else ""))
     if not steps_per_epoch:  # a token budget: say what a step and the run are worth

@@ -16,7 +16,7 @@ out_dir = "out/symbolic"     # run folder: ckpt.pt, metrics.jsonl, config.json
 eval_interval = 390          # iterations between evaluations and checkpoints (10 epochs)
 log_interval = 10            # iterations between reading the loss back (the only host sync of a step)
 eval_only = False            # evaluate the checkpoint in out_dir once and exit
-init_from = "scratch"        # 'scratch' or 'resume' (from out_dir/ckpt.pt)
+init_from = "scratch"        # 'scratch', 'resume' (from out_dir/ckpt.pt), or a folder whose weights start a new run with this config's optimizer and schedule: a run folder / checkpoint (a branch), or a Hugging Face model folder (GPT.from_pretrained)
 overwrite = False            # with init_from='scratch': replace the checkpoint and metrics already in out_dir
 wandb_log = False            # also log metrics to wandb
 wandb_project = "discoloop"  # wandb project name

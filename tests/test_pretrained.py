@@ -175,3 +175,29 @@ def test_one_line_errors(tmp_path):
         GPT.from_pretrained(folder, n_loops=2)
     with pytest.raises(ValueError, match="phi_topk=4 needs tie_embeddings=True"):
         GPT.from_pretrained(folder, recurrence="disco", n_loop=2, phi_topk=4)
+
+
+def test_train_continues_a_pretrained_folder_as_disco(tmp_path):
+    """train.py --init_from=<Hugging Face folder>: the folder's architecture and weights, this config's recurrence
+    (DiscoLoop, top-k Phi, K = 2), optimizer and schedule. The first evaluation is the pretrained model's looped
+    loss (the run has trained nothing yet) and config.json names what started fresh."""
+    import numpy as np
+    from conftest import run
+    _, folder = saved("llama_tied", tmp_path)  # top-k Phi decodes and encodes with one matrix: a tied head
+    d = tmp_path / "shards"
+    d.mkdir()
+    tokens = np.arange(600) % V
+    for split in ("train", "val"):
+        tokens.astype(np.uint16).tofile(d / f"{split}_000000.bin")
+    (d / "meta.json").write_text(json.dumps({"dtype": "uint16", "vocab_size": V, "eot": 0, "encoding": "bytes", "shards": {
+        "train": [["train_000000.bin", 600]], "val": [["val_000000.bin", 600]]}}))
+    out = str(tmp_path / "run")
+    r = run(["train.py", "config/pretrain_tiny.py", f"--data_dir={d}", f"--out_dir={out}", f"--init_from={folder}",
+             "--recurrence=disco", "--n_loop=2", "--phi_topk=8", "--block_size=16", "--max_iters=2", "--eval_interval=2",
+             "--eval_iters=1", "--dtype=float32", "--threads=1"])
+    assert r.returncode == 0, r.stderr[-2000:]
+    cfg = json.load(open(os.path.join(out, "config.json")))
+    assert cfg["n_kv_head"] == 2 and cfg["n_embd"] == 32 and cfg["tie_embeddings"] is True and cfg["recurrence"] == "disco"
+    assert cfg["init_kind"] == "Hugging Face llama" and "transformer.ln_inj.weight" in cfg["init_fresh"]
+    from checkpoint import load_checkpoint
+    assert load_checkpoint(out)["model_args"]["rope_theta"] == GPT.from_pretrained(folder).config.rope_theta == 5000.0

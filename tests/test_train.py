@@ -386,3 +386,29 @@ def test_out_of_memory_anywhere_is_one_line():
     code = "import common; raise RuntimeError('[enforce fail at alloc_cpu.cpp:118] DefaultCPUAllocator: can\\'t allocate memory')"
     r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
     assert r.returncode == 2 and "out of memory" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_init_from_a_run_folder_branches(tiny_data, tmp_path):
+    """--init_from=<run folder>: a new run starts from another run's weights (and weight average) with its own
+    optimizer settings, from iteration 0, recorded in config.json; the source is untouched; a resume stays strict."""
+    src, br = str(tmp_path / "src"), str(tmp_path / "branch")
+    assert run(tiny_train_args(tiny_data, src, "--max_iters=6", "--eval_interval=6")).returncode == 0
+    before = open(os.path.join(src, "ckpt.pt"), "rb").read()
+    r = run(tiny_train_args(tiny_data, br, f"--init_from={src}", "--max_iters=4", "--eval_interval=2",
+                            "--weight_decay=0.03", "--label_smoothing=0"))
+    assert r.returncode == 0, r.stderr[-2000:]
+    src_rows = [json.loads(x) for x in open(os.path.join(src, "metrics.jsonl"))]
+    rows = [json.loads(x) for x in open(os.path.join(br, "metrics.jsonl"))]
+    assert rows[0]["iter"] == 0 and rows[0]["acc/test_id"] == src_rows[-1]["acc/test_id"]  # the source's weights
+    assert rows[0]["loss/test_ood"] == pytest.approx(src_rows[-1]["loss/test_ood"], abs=1e-6)
+    cfg = json.load(open(os.path.join(br, "config.json")))
+    assert cfg["init_from"] == src and cfg["init_kind"] == "run" and cfg["init_iter"] == 6
+    assert cfg["init_changed"]["weight_decay"] == [0.3, 0.03] and cfg["init_fresh"] == []
+    assert open(os.path.join(src, "ckpt.pt"), "rb").read() == before
+    r = run(tiny_train_args(tiny_data, br, "--init_from=resume", "--max_iters=6", "--eval_interval=2",
+                            "--weight_decay=0.03", "--label_smoothing=0"))
+    assert r.returncode == 0, r.stderr[-2000:]
+    from test_cli import one_line
+    one_line(run(tiny_train_args(tiny_data, str(tmp_path / "b2"), f"--init_from={tmp_path / 'nothing'}")), "nothing there")
+    one_line(run(tiny_train_args(tiny_data, str(tmp_path / "b3"), f"--init_from={src}", "--n_embd=48")),
+             "no place of that shape")
