@@ -105,52 +105,64 @@ def step_times(models, x, y, ctx, iters, warmup, device):
     return {label: statistics.median(t) for label, t in times.items()}
 
 
-def main(argv):
+def main_config(argv):
+    """bench.py's keys, checked (the model keys by GPTConfig, for every variant) before any work: (config, variant
+    names, device); a bad value is one line and exit 2."""
     try:
         c = configure(DEFAULTS, argv, __doc__, [__file__, sys.modules[GPTConfig.__module__].__file__], CHECKS)
         names = c["variants"].split(",")
         bad = [v for v in names if v not in VARIANTS]
         if bad or "loop" not in names:  # the vanilla loop is the reference row
             raise ConfigError(f"variants={c['variants']!r} is invalid: a comma list of {list(VARIANTS)} including loop")
-        for rec, k in {(VARIANTS[v][0], c["phi_topk"] if VARIANTS[v][1] else 0) for v in names}:
+        for rec, k in {variant_model(c, v) for v in names}:
             GPTConfig.from_dict({**c, "recurrence": rec, "phi_topk": k})  # the model keys' one validator, before any work
-        device = setup(c["device"], c["threads"])
+        return c, names, setup(c["device"], c["threads"])
     except (ConfigError, ValueError) as e:
         die(e)
-    dtype = resolve_dtype(c["dtype"], device)  # common.py: fp32 on a CPU where bf16 is slower
-    ptdtype = DTYPES[dtype]
-    ctx = autocast(device, dtype)
-    peak = matmul_peak(device, ptdtype, n=min(2048, 4 * c["n_embd"]))  # the benchmarked width sets the peak's size
-    B, T = c["batch_size"], c["block_size"]
-    print(f"device {device}, dtype {dtype}, threads {torch.get_num_threads()}, matmul peak {peak / 1e12:.3f} TFLOP/s")
-    print(f"shape: d={c['n_embd']} layers={c['n_layer']} K={c['n_loop']} T={T} V={c['vocab_size']} B={B}\n")
-    torch.manual_seed(0)
-    x = torch.randint(0, c["vocab_size"], (B, T), device=device)
-    y = torch.randint(0, c["vocab_size"], (B, T), device=device)
-    variants = [(VARIANTS[v][0], c["phi_topk"] if VARIANTS[v][1] else 0) for v in names]
+
+
+def variant_model(c, name):
+    """(recurrence, phi_topk) of a variant: top-k Phi where the variant decodes Phi with it, else exact (0)."""
+    rec, topk = VARIANTS[name]
+    return rec, c["phi_topk"] if topk else 0
+
+
+def build_variants(c, names, device):
+    """({label: model to time}, {label: its uncompiled model}); a compiled variant shares its model's weights."""
     models, raw = {}, {}
-    for rec, k in variants:
+    for rec, k in [variant_model(c, v) for v in names]:
         model = GPT(GPTConfig.from_dict({**c, "recurrence": rec, "phi_topk": k})).to(device)
-        name = f"{rec}" + (f" top-{k}" if k else (" exact" if rec in ("disco", "ponder") else ""))
+        name = f"{rec}" + (f" top-{k}" if k else (" exact" if RECURRENCES[rec].phi else ""))
         for compiled in ([False, True] if c["compile"] else [False]):
             label = name + (" compiled" if compiled else "")
             models[label], raw[label] = (torch.compile(model) if compiled else model), model
+    return models, raw
+
+
+def time_variants(models, x, y, ctx, c, device):
+    """({label: median step seconds}, {label: CUDA allocator peak above the weights}); on a GPU each model is timed
+    alone, so that its peak is its own, and one that runs out of memory is left out (removed from models)."""
+    if not device.startswith("cuda"):
+        return step_times(models, x, y, ctx, c["iters"], c["warmup"], device), {}
     times, peaks = {}, {}
-    if device.startswith("cuda"):  # on GPU time each model alone so its allocator peak is its own
-        for label, m in list(models.items()):
-            torch.cuda.reset_peak_memory_stats()
-            resident = torch.cuda.memory_allocated()  # every variant's weights: not this step's cost
-            try:
-                times.update(step_times({label: m}, x, y, ctx, c["iters"], c["warmup"], device))
-            except torch.OutOfMemoryError:  # e.g. exact Phi at T = 8192, V = 129,280
-                print(f"{label}: out of memory, left out")
-                del models[label]
-                torch.cuda.empty_cache()
-                continue
-            peaks[label] = torch.cuda.max_memory_allocated() - resident
-    else:
-        times = step_times(models, x, y, ctx, c["iters"], c["warmup"], device)
-    results = {}
+    for label, m in list(models.items()):
+        torch.cuda.reset_peak_memory_stats()
+        resident = torch.cuda.memory_allocated()  # every variant's weights: not this step's cost
+        try:
+            times.update(step_times({label: m}, x, y, ctx, c["iters"], c["warmup"], device))
+        except torch.OutOfMemoryError:  # e.g. exact Phi at T = 8192, V = 129,280
+            print(f"{label}: out of memory, left out")
+            del models[label]
+            torch.cuda.empty_cache()
+            continue
+        peaks[label] = torch.cuda.max_memory_allocated() - resident
+    return times, peaks
+
+
+def step_results(models, raw, times, peaks, x, y, ctx, peak):
+    """{label: step seconds, tokens/s, MFU, MB saved for backward, FLOPs (and the CUDA peak)}, printed as a table
+    against the vanilla loop."""
+    (B, T), results = x.shape, {}
     for label, m in models.items():
         dt = times[label]
         with ctx:
@@ -158,20 +170,28 @@ def main(argv):
         flops = raw[label].flops_per_token(T) * B * T
         results[label] = {"step_s": dt, "tok_per_s": B * T / dt, "mfu": flops / dt / peak, "saved_MB": sb / 2**20,
                           "flops": flops}
-        if device.startswith("cuda"):
+        if label in peaks:
             results[label]["cuda_peak_MB"] = peaks[label] / 2**20
-    base = results["loop"]
-    cuda = device.startswith("cuda")
+    base, cuda = results["loop"], bool(peaks)
     print(table(["model", "step (ms)", "time vs loop", "FLOPs vs loop", "tokens/s", "MFU", "saved for backward (MB)"]
                 + (["CUDA step peak above weights (MB)"] if cuda else []),
                 [[label, f"{r['step_s'] * 1e3:.1f}", f"{r['step_s'] / base['step_s']:.3f}x",
                   f"{r['flops'] / base['flops']:.3f}x", f"{r['tok_per_s']:.0f}", f"{r['mfu']:.3f}", f"{r['saved_MB']:.1f}"]
                  + ([f"{r['cuda_peak_MB']:.0f}"] if cuda else []) for label, r in results.items()]))
+    return results
 
-    # Phi alone: memory kept for backward as T grows, exact vs top-k (grows with T*V vs T*k)
+
+def phi_lengths(T):
+    """The sequence lengths of the Phi table: T/4, T/2 and T, each at least 1 (a block_size under 4 gave a
+    zero-length state, which Phi cannot reshape)."""
+    return sorted({max(1, T // 4), max(1, T // 2), T})
+
+
+def phi_memory(c, device, ctx):
+    """Phi alone: memory kept for backward as T grows, exact vs top-k (grows with T*V vs T*k), printed as a table."""
     print("\nPhi only (one decode-then-encode of a (1, T, d) state):")
-    phi_rows = {}
-    for t in (T // 4, T // 2, T):
+    T, rows = c["block_size"], {}
+    for t in phi_lengths(T):
         out = {}
         for k in (0, c["phi_topk"]):
             cfg = GPTConfig(block_size=T, vocab_size=c["vocab_size"], n_layer=1, n_head=c["n_head"],
@@ -180,10 +200,28 @@ def main(argv):
             h = torch.randn(1, t, c["n_embd"], device=device, requires_grad=True)
             with ctx:
                 _, out[k] = saved_bytes(lambda: model.phi(h), model.parameters())
-        phi_rows[t] = {"exact_MB": out[0] / 2**20, "topk_MB": out[c["phi_topk"]] / 2**20}
+        rows[t] = {"exact_MB": out[0] / 2**20, "topk_MB": out[c["phi_topk"]] / 2**20}
     print(table(["T", "exact Phi saved (MB)", "top-k Phi saved (MB)", "exact / top-k"],
                 [[t, f"{r['exact_MB']:.2f}", f"{r['topk_MB']:.2f}", f"{r['exact_MB'] / r['topk_MB']:.1f}x"]
-                 for t, r in phi_rows.items()]))
+                 for t, r in rows.items()]))
+    return rows
+
+
+def main(argv):
+    c, names, device = main_config(argv)
+    dtype = resolve_dtype(c["dtype"], device)  # common.py: fp32 on a CPU where bf16 is slower
+    ctx = autocast(device, dtype)
+    peak = matmul_peak(device, DTYPES[dtype], n=min(2048, 4 * c["n_embd"]))  # the benchmarked width sets its size
+    B, T = c["batch_size"], c["block_size"]
+    print(f"device {device}, dtype {dtype}, threads {torch.get_num_threads()}, matmul peak {peak / 1e12:.3f} TFLOP/s")
+    print(f"shape: d={c['n_embd']} layers={c['n_layer']} K={c['n_loop']} T={T} V={c['vocab_size']} B={B}\n")
+    torch.manual_seed(0)
+    x = torch.randint(0, c["vocab_size"], (B, T), device=device)
+    y = torch.randint(0, c["vocab_size"], (B, T), device=device)
+    models, raw = build_variants(c, names, device)
+    times, peaks = time_variants(models, x, y, ctx, c, device)
+    results = step_results(models, raw, times, peaks, x, y, ctx, peak)
+    phi_rows = phi_memory(c, device, ctx)
     if c["json"]:
         with open(c["json"], "w") as f:
             json.dump({"config": c, "peak_flops": peak, "steps": results, "phi": phi_rows}, f, indent=1)
@@ -271,79 +309,88 @@ def step_main(argv):
     c = training_config(argv, "step", step_main.__doc__, extra, {"steps": INT_GE1})
     try:
         names = c["variants"].split(",")
+        if not set(names) <= set(RECURRENCES):
+            raise ConfigError(f"variants={c['variants']!r} is invalid: allowed a comma list of {tuple(RECURRENCES)}")
         for r in names:
             GPTConfig.from_dict({**c, "recurrence": r})  # the model keys' one validator, before any work
         device = setup(c["device"], c["threads"])
     except (ConfigError, ValueError) as e:
         die(e)
     dtype = resolve_dtype(c["dtype"], device)
-    ctx, cuda = autocast(device, dtype), device.startswith("cuda")
-    peak_flops = c["peak_flops"] or H100_BF16_PEAK
-    B, T, rows = c["batch_size"], c["block_size"], []
-
-    def sync():
-        if cuda:
-            torch.cuda.synchronize()
-
-    def timed(fn, n):
-        out = []
-        for _ in range(n):
-            sync()
-            t = time.perf_counter()
-            fn()
-            sync()
-            out.append(time.perf_counter() - t)
-        return statistics.median(out)
-
-    def measure(r):
-        """One recurrence's row; its model and optimizer state are freed on return, before the next is built."""
-        cfg = GPTConfig.from_dict({**c, "recurrence": r})
-        torch.manual_seed(0)
-        model = GPT(cfg).to(device)
-        opts = model.configure_optimizers(c["optimizer"], c["learning_rate"], c["weight_decay"], (c["beta1"], c["beta2"]),
-                                          c["adam_eps"], c["muon_momentum"], fused=cuda)
-        m = torch.compile(model) if c["compile"] else model
-        x = torch.randint(0, cfg.vocab_size, (B, T), device=device)
-        y = torch.randint(0, cfg.vocab_size, (B, T), device=device)
-
-        def step():
-            with ctx:
-                loss = m(x, y)[1]
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            for o in opts:
-                o.step()
-                o.zero_grad(set_to_none=True)
-
-        timed(step, 3)  # compiles, allocates optimizer state
-        if cuda:
-            torch.cuda.reset_peak_memory_stats()
-        dt = timed(step, c["steps"])
-        peak = torch.cuda.max_memory_allocated() / 1e9 if cuda else float("nan")
-        planned = plan({**c, "recurrence": r, "gradient_accumulation_steps": 1}, 1, DTYPES[dtype]).total / 1e9
-        share = float("nan")
-        if model.rec.phi and cfg.phi_topk:  # top-k Phi alone at the step's shape, forward + backward, K-1 times
-            h = torch.randn(B, T, cfg.n_embd, device=device, requires_grad=True)
-            W = model.transformer.wte.weight
-
-            def phi():
-                with ctx:
-                    e = TopkPhi.apply(h, W, cfg.phi_topk, cfg.phi_tau, cfg.phi_chunk or T)
-                e.float().sum().backward()
-            timed(phi, 2)
-            share = (cfg.n_loop - 1) * timed(phi, c["steps"]) / dt
-        flops = model.flops_per_token(T, recompute=False) * B * T
-        return [RECURRENCES[r].label, round(dt * 1000, 1), round(B * T / dt), round(flops / dt / peak_flops, 4),
-                round(peak, 2), round(planned, 2), round(share, 3)]
-
+    rows = []
     for r in names:
-        rows.append(measure(r))
-        if cuda:
+        rows.append(measure_step(c, r, device, dtype))
+        if device.startswith("cuda"):
             torch.cuda.empty_cache()
     ref = rows[0][1]
-    print(f"device {device}, dtype {dtype}, compile {c['compile']}, micro-batch {B} x {T}, torch {torch.__version__}")
+    print(f"device {device}, dtype {dtype}, compile {c['compile']}, micro-batch {c['batch_size']} x {c['block_size']}, "
+          f"torch {torch.__version__}")
     print(table(["recurrence", "step ms", "tokens/s", "MFU", "peak GB", "plan GB", "top-k Phi share", "step vs first"],
                 [row + [f"{row[1] / ref:.3f}x"] for row in rows]))
+
+
+def timed(fn, n, device):
+    """Median seconds of n calls of fn (the GPU synchronized around each)."""
+    out = []
+    for _ in range(n):
+        sync(device)
+        t = time.perf_counter()
+        fn()
+        sync(device)
+        out.append(time.perf_counter() - t)
+    return statistics.median(out)
+
+
+def measure_step(c, r, device, dtype):
+    """One recurrence's row of `bench.py step`; its model and optimizer state are freed on return, before the next
+    is built."""
+    cfg = GPTConfig.from_dict({**c, "recurrence": r})
+    ctx, cuda = autocast(device, dtype), device.startswith("cuda")
+    B, T = c["batch_size"], c["block_size"]
+    torch.manual_seed(0)
+    model = GPT(cfg).to(device)
+    opts = model.configure_optimizers(c["optimizer"], c["learning_rate"], c["weight_decay"], (c["beta1"], c["beta2"]),
+                                      c["adam_eps"], c["muon_momentum"], fused=cuda)
+    m = torch.compile(model) if c["compile"] else model
+    x = torch.randint(0, cfg.vocab_size, (B, T), device=device)
+    y = torch.randint(0, cfg.vocab_size, (B, T), device=device)
+
+    def step():
+        with ctx:
+            loss = m(x, y)[1]
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        for o in opts:
+            o.step()
+            o.zero_grad(set_to_none=True)
+
+    timed(step, 3, device)  # compiles, allocates optimizer state
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    dt = timed(step, c["steps"], device)
+    peak = torch.cuda.max_memory_allocated() / 1e9 if cuda else float("nan")
+    planned = plan({**c, "recurrence": r, "gradient_accumulation_steps": 1}, 1, DTYPES[dtype]).total / 1e9
+    share = topk_phi_seconds(model, B, T, ctx, device, c["steps"]) / dt
+    mfu = model.flops_per_token(T, recompute=False) * B * T / dt / (c["peak_flops"] or H100_BF16_PEAK)
+    return [RECURRENCES[r].label, round(dt * 1000, 1), round(B * T / dt), round(mfu, 4), round(peak, 2),
+            round(planned, 2), round(share, 3)]
+
+
+def topk_phi_seconds(model, B, T, ctx, device, steps):
+    """Seconds of top-k Phi alone at a step's shape, forward + backward, x K-1 (its share of a step); nan for a
+    model that decodes no top-k Phi."""
+    cfg = model.config
+    if not (model.rec.phi and cfg.phi_topk):
+        return float("nan")
+    h = torch.randn(B, T, cfg.n_embd, device=device, requires_grad=True)
+    W = model.transformer.wte.weight
+
+    def phi():
+        with ctx:
+            e = TopkPhi.apply(h, W, cfg.phi_topk, cfg.phi_tau, cfg.phi_chunk or T)
+        e.float().sum().backward()
+    timed(phi, 2, device)
+    return (cfg.n_loop - 1) * timed(phi, steps, device)
 
 
 def sample_main(argv):

@@ -9,11 +9,12 @@ someone else's file cannot execute their code.
 """
 import json
 import os
+import shutil
 import zlib
 
 import torch
 
-from common import CheckpointError, atomic_write
+from common import CheckpointError, atomic_write, tmp_name
 from configurator import renamed
 from curriculum import joins_changed
 from model import GPT, PRETRAINED, GPTConfig
@@ -50,6 +51,17 @@ def save_checkpoint(obj, path):
         raise CheckpointError(f"could not write '{path}' ({reason}); the previous checkpoint, if any, is kept") from None
 
 
+def keep_copy(path, copy_path):
+    """copy_path holds path's checkpoint as it is now: a hard link where the file system has them (ckpt.pt is
+    replaced by rename, never written in place, so the link keeps this version), else a copy."""
+    tmp = tmp_name(copy_path)
+    try:
+        os.link(path, tmp)
+    except OSError:
+        shutil.copyfile(path, tmp)
+    os.replace(tmp, copy_path)
+
+
 RESUME_KEYS = ("model", "model_args", "optimizers", "config", "iter_num", "rng_cpu")
 
 
@@ -83,7 +95,7 @@ def load_checkpoint(path, map_location="cpu", required=("model", "model_args")):
 # Everything else (model, data, optimizer, schedule, batch, seed, precision, EMA) is what the weights were
 # trained with: the checkpoint's config is the truth, and a resume that differs is refused, naming the key.
 # (split_join is listed: its own rule, joins_acted, lets only joins that have not acted yet move.)
-RESUMABLE = ("max_iters", "eval_interval", "log_interval", "eval_iters", "eval_batch_size", "stage1_splits", "eval_only", "init_from",
+RESUMABLE = ("max_iters", "eval_interval", "keep_every", "log_interval", "eval_iters", "eval_batch_size", "stage1_splits", "eval_only", "init_from",
              "overwrite", "stop_metric", "stop_patience", "split_join", "threads", "device", "compile", "memory_check",
              "peak_flops", "wandb_log", "wandb_project", "wandb_run_name", "out_dir", "data_dir", "data_args")
 

@@ -127,13 +127,15 @@ def write_export(ckpt_path, out_dir, tmp, use_ema, transformers_version, save_fi
         "model_type": "discoloop", "architectures": ["DiscoLoopForCausalLM"],
         "auto_map": {"AutoConfig": "modeling_discoloop.DiscoLoopConfig",
                      "AutoModelForCausalLM": "modeling_discoloop.DiscoLoopForCausalLM"},
-        "trained_n_loop": cfg.n_loop, "max_position_embeddings": cfg.block_size, "tie_word_embeddings": True, "bos_token_id": eos_id,
+        "trained_n_loop": cfg.n_loop, "max_position_embeddings": cfg.block_size,
+        "tie_word_embeddings": cfg.tie_embeddings, "bos_token_id": eos_id,
         "eos_token_id": eos_id, "dtype": "float32", "transformers_version": transformers_version, "discoloop_source": {"ckpt": ckpt_path,
                                                                          "iter_num": ckpt.get("iter_num"), "ema": use_ema and "ema" in ckpt}}
     with open(os.path.join(tmp, "config.json"), "w") as f:
         json.dump(config, f, indent=1)
-    # the head is tied to the embedding: stored once, re-tied at load (_tied_weights_keys)
-    weights = {f"gpt.{k}": v.contiguous() for k, v in model.state_dict().items() if k != "lm_head.weight"}
+    # a head tied to the embedding is stored once and re-tied at load (_tied_weights_keys); an untied one is stored
+    weights = {f"gpt.{k}": v.contiguous() for k, v in model.state_dict().items()
+               if k != "lm_head.weight" or not cfg.tie_embeddings}
     save_file(weights, os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
     tok.save(os.path.join(tmp, "tokenizer.json"))
     tok_config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": cfg.block_size,

@@ -13,7 +13,7 @@ import torch
 
 from checkpoint import load_checkpoint, model_from_checkpoint
 from common import ERRORS, SYSTEM_CHECKS, ConfigError, autocast, die, resolve_dtype, setup
-from configurator import INT_GE1, configure
+from configurator import INT_GE0, INT_GE1, configure, num
 from tokenizer import tokenizer_for
 
 DEFAULTS = dict(
@@ -31,7 +31,24 @@ DEFAULTS = dict(
     device="auto",       # 'auto' | 'cpu' | 'cuda' (common.py's rule)
     dtype="float32",     # 'float32' | 'bfloat16' | 'auto'
 )
-CHECKS = {**SYSTEM_CHECKS, "num_samples": INT_GE1, "max_new_tokens": INT_GE1}
+CHECKS = {**SYSTEM_CHECKS, "num_samples": INT_GE1, "max_new_tokens": INT_GE1, "top_k": INT_GE0, "n_loop": INT_GE0,
+          "temperature": num(0)}
+
+
+def read_prompt(start):
+    """The prompt text: `start` itself, or the UTF-8 text of the file named by FILE:path (a one-line ConfigError
+    naming the file when it cannot be read or is not UTF-8 text)."""
+    if not start.startswith("FILE:"):
+        return start
+    path = start[5:]
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"start='FILE:{path}': the file is not UTF-8 text (byte {e.object[e.start:e.start + 1]!r} "
+                          f"at offset {e.start}): save the prompt as UTF-8") from None
+    except OSError as e:
+        raise ConfigError(f"start='FILE:{path}': the file cannot be read ({e.strerror})") from None
 
 
 def main(argv):
@@ -39,22 +56,15 @@ def main(argv):
         c = configure(DEFAULTS, argv, __doc__, __file__, CHECKS)
         if not c["ckpt"]:
             raise ConfigError("--ckpt=PATH is required (a checkpoint file or run folder)")
-        for key in ("max_new_tokens", "top_k", "n_loop"):
-            if c[key] < (1 if key == "max_new_tokens" else 0):
-                raise ConfigError(f"{key}={c[key]} is invalid: allowed an integer >= {1 if key == 'max_new_tokens' else 0}")
-        if not c["temperature"] >= 0:
-            raise ConfigError(f"temperature={c['temperature']} is invalid: allowed a number >= 0 (0 = greedy)")
+        start = read_prompt(c["start"])  # before any work: a bad prompt file is one line
         device = setup(c["device"], c["threads"])
         ckpt = load_checkpoint(c["ckpt"])
         model = model_from_checkpoint(ckpt, use_ema=not c["raw"]).to(device).eval()
         enc = tokenizer_for(ckpt)
-        start = c["start"]
-        if start.startswith("FILE:"):
-            with open(start[5:], encoding="utf-8") as f:
-                start = f.read()
         ids = enc.encode_ordinary(start) or ([enc.eot_token] if enc.eot_token is not None else [])
         if not ids:
-            raise ConfigError("start='' gives no token and the tokenizer has no end-of-text token: give a prompt")
+            raise ConfigError(f"start={c['start']!r} gives no token and the tokenizer has no end-of-text token: "
+                              "give a prompt")
         x = torch.tensor([ids], device=device)
         torch.manual_seed(c["seed"])
         gen = torch.Generator(device=device).manual_seed(c["seed"])

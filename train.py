@@ -23,8 +23,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
 import train_config
-from checkpoint import (load_branch, load_branch_weights, load_for_resume, restore_training, save_checkpoint,
-                        strip_compile_prefix)
+from checkpoint import (keep_copy, load_branch, load_branch_weights, load_for_resume, restore_training,
+                        save_checkpoint, strip_compile_prefix)
 from common import (DTYPES, ERRORS, any_rank, autocast, cached_cpu_dtype, cpu_has_bf16_flag, die, model_step_timer, pick_cpu_dtype,
                     rank0_decides, resolve_device, resolve_dtype, stop_on_signals)
 from configurator import configure
@@ -320,6 +320,8 @@ while True:
                    **({"tokenizer": tok_record} if tok_record else {})}
             try:
                 save_checkpoint(obj, ckpt_path)
+                if keep_every and iter_num % keep_every == 0:  # a copy to probe later (a hard link where it can be)
+                    keep_copy(ckpt_path, os.path.join(out_dir, f"ckpt_{iter_num}.pt"))
             except ERRORS as e:
                 die(e)
             saved_at = iter_num

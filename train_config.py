@@ -15,6 +15,7 @@ _imported = set(globals())  # every name above is not a key
 out_dir = "out/symbolic"     # run folder: ckpt.pt, metrics.jsonl, config.json
 eval_interval = 390          # iterations between evaluations and checkpoints (10 epochs)
 log_interval = 10            # iterations between reading the loss back (the only host sync of a step)
+keep_every = 0               # > 0: also keep ckpt_<iteration>.pt every this many iterations (a multiple of eval_interval), to probe a run at several epochs
 eval_only = False            # evaluate the checkpoint in out_dir once and exit
 init_from = "scratch"        # 'scratch', 'resume' (from out_dir/ckpt.pt), or a folder whose weights start a new run with this config's optimizer and schedule: a run folder / checkpoint (a branch), or a Hugging Face model folder (GPT.from_pretrained)
 overwrite = False            # with init_from='scratch': replace the checkpoint and metrics already in out_dir
@@ -102,7 +103,7 @@ CHECKS = {**SYSTEM_CHECKS,
 for _k in ("batch_size", "gradient_accumulation_steps", "eval_interval", "log_interval", "eval_batch_size",
            "eval_iters", "stop_patience"):
     CHECKS[_k] = INT_GE1
-for _k in ("max_iters", "warmup_iters", "lr_decay_iters"):
+for _k in ("max_iters", "warmup_iters", "lr_decay_iters", "keep_every"):
     CHECKS[_k] = INT_GE0
 
 
@@ -114,6 +115,9 @@ def defaults():
 
 def check(config):
     """The relations between training keys (each key alone is checked by CHECKS, model keys by GPTConfig)."""
+    if config["keep_every"] % config["eval_interval"]:
+        raise ConfigError(f"keep_every={config['keep_every']} is invalid: allowed 0 or a multiple of eval_interval="
+                          f"{config['eval_interval']} (checkpoints are written at evaluations)")
     if config["min_lr"] > config["learning_rate"]:
         raise ConfigError(f"min_lr={config['min_lr']} is above learning_rate={config['learning_rate']}: "
                           "the schedule decays to min_lr, so allowed min_lr <= learning_rate")

@@ -140,6 +140,84 @@ def test_export_of_a_question_answer_run(tiny_data, tmp_path):
     assert tok.encode(text, add_special_tokens=False) == X[0].tolist() and tok.decode(X[0].tolist()) == text
 
 
+@pytest.mark.parametrize("case", ["disco_gate_topk", "none", "ponder"])
+def test_hf_generate_uses_the_loop_layer_cache(case, tmp_path):
+    """transformers' generate() on the export runs model.py's cache per (loop, layer): the prompt once, then one
+    position per new token (it used to rerun the whole prefix every token), with GPT.generate's tokens, greedy and
+    with beams; past block_size it is refused before any work, as GPT.generate refuses (no sliding window)."""
+    ref = toy_checkpoint(str(tmp_path / "ckpt.pt"), **CASES[case])
+    hf = load_hf(export(str(tmp_path / "ckpt.pt"), str(tmp_path / "hf")))
+    lengths, hidden = [], hf.gpt.hidden
+    hf.gpt.hidden = lambda x, **kw: lengths.append(x.size(1)) or hidden(x, **kw)
+    prompt = torch.randint(0, 257, (2, 10))
+    out = hf.generate(prompt, max_new_tokens=8, do_sample=False)
+    assert lengths == [10] + [1] * 7
+    assert torch.equal(out, ref.generate(prompt, 8, temperature=0))
+    lengths.clear()
+    assert torch.equal(hf.generate(prompt, max_new_tokens=8, do_sample=False, use_cache=False), out)
+    assert lengths == list(range(10, 18))  # without the cache: the whole prefix every token
+    beams = [hf.generate(prompt, max_new_tokens=5, num_beams=3, do_sample=False, use_cache=u) for u in (True, False)]
+    assert torch.equal(*beams)  # the cache follows the beams (reorder_cache)
+    lengths.clear()
+    for kw in ({"max_new_tokens": 39}, {"max_length": 49}):
+        with pytest.raises(ValueError, match="prompt \\(10 tokens\\).*exceeds block_size=48") as e:
+            hf.generate(prompt, do_sample=False, **kw)
+        assert "max_new_tokens <= 38" in str(e.value) and not lengths
+    assert hf.generate(prompt, max_new_tokens=38, do_sample=False).shape == (2, 48)  # exactly up to it is fine
+
+
+def test_hf_load_checks_the_loop_count(tmp_path):
+    """A bad loop count at load is refused when the model is built, by model.py's validator, not at the first
+    forward: n_loop >= 1, >= 2 for DiscoLoop and PonderLM, and no more than K for the untied copies."""
+    toy_checkpoint(str(tmp_path / "ckpt.pt"), recurrence="disco")
+    toy_checkpoint(str(tmp_path / "flat.pt"), recurrence="none")
+    disco, flat = export(str(tmp_path / "ckpt.pt"), str(tmp_path / "hf")), export(str(tmp_path / "flat.pt"),
+                                                                                  str(tmp_path / "hf_flat"))
+    for folder, kw, needle in [(disco, {"n_loop": 0}, "n_loop=0 is invalid: allowed an integer >= 1"),
+                               (disco, {"n_loop": -2}, "n_loop=-2"), (disco, {"n_loop": "3"}, "n_loop='3'"),
+                               (disco, {"n_loop": 1}, "n_loop=1 is invalid: allowed an integer >= 2"),
+                               (flat, {"n_loop": 4}, "n_loop=4 is invalid: allowed 1..3"),
+                               (disco, {"tie_word_embeddings": False}, "tie_word_embeddings=False contradicts")]:
+        with pytest.raises(ValueError, match=needle):
+            load_hf(folder, **kw)
+
+
+def test_export_of_an_untied_head(tmp_path):
+    """tie_embeddings=False (pretrained Llama / Qwen2 heads): lm_head.weight is stored, tie_word_embeddings is
+    false, and the export's logits are model.py's."""
+    from safetensors import safe_open
+    ref = toy_checkpoint(str(tmp_path / "ckpt.pt"), recurrence="disco", tie_embeddings=False)
+    folder = export(str(tmp_path / "ckpt.pt"), str(tmp_path / "hf"))
+    assert json.load(open(os.path.join(folder, "config.json")))["tie_word_embeddings"] is False
+    with safe_open(os.path.join(folder, "model.safetensors"), "pt") as f:
+        assert torch.equal(f.get_tensor("gpt.lm_head.weight"), ref.lm_head.weight)
+    hf = load_hf(folder)
+    assert hf.gpt.lm_head.weight.data_ptr() != hf.gpt.transformer.wte.weight.data_ptr()
+    idx = torch.randint(0, 257, (2, 48))
+    with torch.no_grad():
+        assert (hf(idx).logits - ref(idx)[0]).abs().max().item() <= 1e-5
+    tied = toy_checkpoint(str(tmp_path / "tied.pt"))
+    with safe_open(os.path.join(export(str(tmp_path / "tied.pt"), str(tmp_path / "hf2")), "model.safetensors"), "pt") as f:
+        assert "gpt.lm_head.weight" not in f.keys() and tied.config.tie_embeddings  # tied: stored once
+
+
+def test_tokenizer_loads_without_remote_code(tmp_path):
+    """The tokenizer needs none of the folder's code: AutoTokenizer with trust_remote_code=False loads it with stdin
+    closed and asks nothing (config.json's auto_map makes AutoTokenizer's first step, AutoConfig, ask about remote
+    code when trust_remote_code is left unset; transformers 5.23 does that for any unregistered model_type)."""
+    import subprocess
+    import sys
+    toy_checkpoint(str(tmp_path / "ckpt.pt"))
+    folder = export(str(tmp_path / "ckpt.pt"), str(tmp_path / "hf"))
+    code = ("from transformers import AutoTokenizer; t = AutoTokenizer.from_pretrained(%r, trust_remote_code=False); "
+            "print(t.encode('hi', add_special_tokens=False), t.eos_token)" % folder)
+    r = subprocess.run([sys.executable, "-c", code], stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                       timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.splitlines()[-1] == "[104, 105] <|endoftext|>"
+    assert "[y/N]" not in r.stdout + r.stderr and "custom code" not in r.stdout + r.stderr
+
+
 def test_tiktoken_conversion_encodes_exactly_as_tiktoken():
     """A BPE built here (no download): merges learned from a text, special tokens at non-contiguous ids as in
     cl100k_base, GPT-2's split regex; random texts of mixed scripts must get identical ids."""

@@ -412,3 +412,14 @@ def test_init_from_a_run_folder_branches(tiny_data, tmp_path):
     one_line(run(tiny_train_args(tiny_data, str(tmp_path / "b2"), f"--init_from={tmp_path / 'nothing'}")), "nothing there")
     one_line(run(tiny_train_args(tiny_data, str(tmp_path / "b3"), f"--init_from={src}", "--n_embd=48")),
              "no place of that shape")
+
+
+def test_keep_every_keeps_probe_checkpoints(tiny_data, tmp_path):
+    out = str(tmp_path / "run")
+    r = run(tiny_train_args(tiny_data, out, "--max_iters=6", "--eval_interval=2", "--keep_every=4"))
+    assert r.returncode == 0, r.stderr[-2000:]
+    from checkpoint import load_checkpoint
+    assert sorted(n for n in os.listdir(out) if n.startswith("ckpt")) == ["ckpt.pt", "ckpt_4.pt"]
+    assert load_checkpoint(os.path.join(out, "ckpt_4.pt"))["iter_num"] == 4 and load_checkpoint(out)["iter_num"] == 6
+    from test_cli import one_line
+    one_line(run(tiny_train_args(tiny_data, str(tmp_path / "r2"), "--eval_interval=2", "--keep_every=3")), "keep_every=3")
