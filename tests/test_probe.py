@@ -178,3 +178,60 @@ def test_padded_data_reads_the_same_questions_and_probes(tiny_data, tmp_path_fac
     assert r.returncode == 0, r.stderr
     lens = probe("lens", f"--ckpt={out}")
     assert "| train_id | 1 |" in lens and "| test_id | 1 |" in lens
+
+
+def test_probes_of_a_non_looped_checkpoint_on_deeper_splits(tmp_path_factory):
+    """recurrence='none' has K untied copies and no loop past them: the lens leaves out the splits deeper than K and
+    says so (it used to end in a traceback), acc refuses an explicit loop count past K instead of dropping it."""
+    from conftest import TINY_DATA, prepared
+    data = prepared(tmp_path_factory, "data/symbolic/prepare.py", TINY_DATA + ["--eval_hops=3"])
+    out = str(tmp_path_factory.mktemp("flat3") / "run")
+    args = tiny_train_args(data, out, "--max_iters=5", "--eval_interval=5", "--recurrence=none", "--n_loop=2")
+    args = [a[:-1] + ", 'eval_hops': 3}" if a.startswith("--data_args") else a for a in args]
+    assert run(args).returncode == 0
+    lens = probe("lens", f"--ckpt={out}")
+    assert "(left out: test_id_3hop, test_ood_3hop, deeper than the 2 untied copies" in lens and "| train_id |" in lens
+    r = run(["probe.py", "acc", f"--ckpt={out}", "--n_loop=1,3"])
+    assert r.returncode == 2 and "allowed loop counts 1..2" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert "| 2 |" in probe("acc", f"--ckpt={out}") and "| 3 |" not in probe("acc", f"--ckpt={out}")
+
+
+def test_plot_refuses_bad_figures_epochs_and_folders(tiny_ckpts, tmp_path):
+    """Each one line before any figure: a --png matplotlib cannot write by its suffix (it used to fail after the work),
+    an at_epoch other than -1 below 0, an at_epoch before a run's first evaluation (an IndexError), a token-shard run
+    without or with a damaged config.json (a traceback), a folder given twice (one run silently dropped)."""
+    loop = tiny_ckpts["loop"]
+    pre = tmp_path / "pre"
+    pre.mkdir()
+    (pre / "metrics.jsonl").write_text("".join(json.dumps({"iter": i * 10, "time": 6.0 * i, "loss": 3 - 0.1 * i,
+                                                           "val_loss": 3.1 - 0.1 * i}) + "\n" for i in range(1, 4)))
+    for args, needle in [([loop, f"--png={tmp_path / 'q.txt'}"], "png="),
+                         ([loop, "--at_epoch=-5"], "at_epoch=-5.0 is invalid: allowed -1"),
+                         ([str(pre), "--at_epoch=5"], "no evaluation at or before at_epoch=5 (its first is at 10)"),
+                         ([str(pre)], "no config.json in"),
+                         ([loop, loop], "is given twice"), ([loop, "--hops=1"], "hops=1")]:
+        r = run(["probe.py", "plot", *args, f"--png={tmp_path / 'c.png'}"] if "--png" not in " ".join(args)
+                else ["probe.py", "plot", *args])
+        assert r.returncode == 2 and needle in r.stderr and len(r.stderr.strip().splitlines()) == 1, (args, r.stderr)
+        assert "Traceback" not in r.stderr
+    assert ".png, .pdf, .svg" in run(["probe.py", "plot", loop, "--png=q.txt"]).stderr
+    (pre / "config.json").write_text('{"batch')
+    r = run(["probe.py", "plot", str(pre), f"--png={tmp_path / 'c.png'}"])
+    assert r.returncode == 2 and "cannot be read as JSON" in r.stderr
+    (pre / "config.json").write_text(json.dumps({"batch_size": 2, "gradient_accumulation_steps": 1, "block_size": 16}))
+    out = probe("plot", str(pre), f"--png={tmp_path / 'c.svg'}", "--at_epoch=20", f"--json={tmp_path / 'p.json'}")
+    assert json.load(open(tmp_path / "p.json"))["pre"]["iter"] == 20 and os.path.getsize(tmp_path / "c.svg") > 1000
+
+
+def test_plot_keeps_runs_that_share_a_name(tiny_ckpts, tmp_path):
+    import shutil
+    for sub in ("a", "b"):
+        shutil.copytree(tiny_ckpts["loop"], tmp_path / sub / "run")
+    probe("plot", str(tmp_path / "a" / "run"), str(tmp_path / "b" / "run"), f"--png={tmp_path / 'c.png'}",
+          f"--json={tmp_path / 'c.json'}")
+    assert len(json.load(open(tmp_path / "c.json"))) == 2  # one row per run, not one overwriting the other
+
+
+def test_probe_without_a_command_is_one_line():
+    r = run(["probe.py"])
+    assert r.returncode == 2 and "a command is required" in r.stderr and len(r.stderr.strip().splitlines()) == 1

