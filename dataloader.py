@@ -50,3 +50,14 @@ def open_data(dataset, data_dir, data_args, block_size, eval_iters, seed, split_
         return TokenData(data_dir, block_size, eval_iters, seed)
     # a join by rule ('acc/val_id>=0.9') is not known yet: the split waits until train.py sets it
     return QAData(data_dir, block_size, {s: None if isinstance(j, str) else j for s, j in split_join.items()})
+
+
+def prepare_weights(path):
+    """init_from=data/<generator>/<folder> that is not there yet, where data/<generator>/prepare.py makes pretrained
+    model folders (KIND 'model', e.g. data/smollm2): made now, so a config that starts from one runs on first use."""
+    rel = os.path.relpath(os.path.abspath(path), os.path.join(REPO, "data")).split(os.sep)
+    if os.path.exists(path) or len(rel) != 2 or rel[0] not in generators():
+        return
+    prep = load_prepare(rel[0])
+    if getattr(prep, "KIND", None) == "model":
+        prep.prepare(merge(prep.DEFAULTS, {"out_dir": os.path.abspath(path)}, "init_from", prep.CHECKS))

@@ -58,7 +58,9 @@ CHECKPOINTING = ("none", "block")
 class GPTConfig:
     block_size: int = 1024     # longest sequence (RoPE tables and learned positions are this long)
     vocab_size: int = 50304    # embedding rows (tied with the head unless tie_embeddings=False)
-    n_layer: int = 12          # blocks in f_theta (one loop)
+    n_layer: int = 12          # blocks in the stack: f_theta (one loop), plus the prelude and coda if any
+    n_prelude: int = 0         # the first n_prelude blocks run once before the loop, n_coda blocks once after it; f_theta
+    n_coda: int = 0            # is the middle (McLeish et al. 2025's retrofitted recurrence of a pretrained model)
     n_head: int = 12           # attention heads
     n_kv_head: int = 0         # key/value heads (grouped-query attention, Llama/Qwen2): 0 = n_head; must divide n_head
     n_embd: int = 768          # model width d
@@ -103,6 +105,15 @@ class GPTConfig:
                 bad(name, "an integer >= 1")
         if self.n_embd % self.n_head:
             raise ValueError(f"n_head={self.n_head} must divide n_embd={self.n_embd}")
+        for name in ("n_prelude", "n_coda"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
+                bad(name, "an integer >= 0")
+        if (self.n_prelude or self.n_coda) and self.recurrence not in ("loop", "disco"):
+            raise ValueError(f"n_prelude={self.n_prelude}, n_coda={self.n_coda} need recurrence 'loop' or 'disco' (PonderLM "
+                             f"passes the whole model, 'none' copies it), not {self.recurrence!r}")
+        if self.n_prelude + self.n_coda >= self.n_layer:
+            raise ValueError(f"n_prelude={self.n_prelude} + n_coda={self.n_coda} leave no block of n_layer={self.n_layer} "
+                             "to loop: allowed n_prelude + n_coda < n_layer")
         kv = self.n_kv_head
         if not isinstance(kv, int) or kv < 0 or (kv and self.n_head % kv):
             bad("n_kv_head", f"0 (= n_head) or a divisor of n_head={self.n_head}")
@@ -303,7 +314,7 @@ class GPT(nn.Module):
             self.register_buffer("rope_sin", sin, persistent=False)
         self.apply(self._init_weights)
         # GPT-2 scaled init of the residual projections, by the depth one forward pass goes through
-        depth = config.n_layer * config.n_loop
+        depth = self.depth()
         for pn, p in self.named_parameters():
             if pn.endswith("c_proj.weight") and config.scaled_init:
                 nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * depth))
@@ -421,13 +432,21 @@ class GPT(nn.Module):
         """What the head reads: ln_f(h), or h itself when every loop's output is already normed."""
         return h if self.config.per_loop_norm else self.transformer.ln_f(h)
 
-    def f_theta(self, x, copy=0, cache=None):
-        """One application of f_theta; `copy` picks the untied copy for recurrence='none'; cache: this loop's
-        KVCache of every layer (generation)."""
-        rope = (self.rope_cos, self.rope_sin) if self.config.pos_emb == "rope" else None
-        n = self.config.n_layer
-        recompute = self.config.activation_checkpointing == "block" and torch.is_grad_enabled()
-        for i, block in enumerate(self.transformer.h[copy * n:(copy + 1) * n]):
+    def depth(self):
+        """Blocks one forward pass goes through: prelude + K loops of the middle + coda."""
+        cfg = self.config
+        return cfg.n_prelude + cfg.n_coda + (cfg.n_layer - cfg.n_prelude - cfg.n_coda) * cfg.n_loop
+
+    def f_theta(self, x, copy=0, cache=None, part=None):
+        """One application of f_theta (the middle blocks when there is a prelude or coda); `copy` picks the untied
+        copy for recurrence='none'; cache: this loop's KVCache of every layer (generation); part: 'prelude' or
+        'coda' runs those blocks instead (once, outside the loop)."""
+        cfg = self.config
+        rope = (self.rope_cos, self.rope_sin) if cfg.pos_emb == "rope" else None
+        n = cfg.n_layer
+        lo, hi = {"prelude": (0, cfg.n_prelude), "coda": (n - cfg.n_coda, n)}.get(part, (cfg.n_prelude, n - cfg.n_coda))
+        recompute = cfg.activation_checkpointing == "block" and torch.is_grad_enabled()
+        for i, block in zip(range(lo, hi), self.transformer.h[copy * n + lo:copy * n + hi]):
             c = cache[i] if cache is not None else None
             # non-reentrant: composes with compile, hooks and autograd.graph hooks, and replays dropout's RNG
             x = checkpoint(block, x, rope, c, use_reentrant=False) if recompute else block(x, rope, c)
@@ -526,6 +545,8 @@ class GPT(nn.Module):
             pos = self.transformer.wpe(where)  # (T, d) or (B, T, d)
         if pos is not None and not self.rec.embed:
             x = x + pos  # positions enter once, with the tokens (GPT-2 style)
+        if cfg.n_prelude:
+            x = self.f_theta(x, cache=cache[0] if cache is not None else None, part="prelude")
         for k in range(1, K + 1):
             # a recurrence in embedding space runs the whole model every pass (PonderLM's GPT-2 adds positions each time)
             again = pos is not None and (self.rec.embed or (cfg.pos_every_loop and k > 1))
@@ -540,6 +561,9 @@ class GPT(nn.Module):
             if loops is not None:  # the rows that stop here keep this loop's output (what the head reads after it)
                 out = h if k == 1 else torch.where((loops == k).view(B, 1, 1), h, out)
             x = x_next
+        if cfg.n_coda:  # the head reads the coda's output (after the loop, or after a row's own loop count)
+            x = self.f_theta(x if loops is None else out, cache=cache[0] if cache is not None else None, part="coda")
+            return x
         return x if loops is None else out
 
     def new_cache(self, n_loop=None):
@@ -594,17 +618,18 @@ class GPT(nn.Module):
         """Forward+backward FLOPs per token (PaLM appendix B estimate), counting every loop.
         recompute=True adds the second forward of every block that activation checkpointing runs."""
         cfg = self.config
-        n_block_params = sum(p.numel() for p in self.transformer.h.parameters())
-        passes = 1 if self.rec.copies else cfg.n_loop
-        L = cfg.n_layer * cfg.n_loop
+        looped = range(cfg.n_prelude, cfg.n_layer - cfg.n_coda)  # a prelude and a coda run once
+        block_runs = sum(p.numel() * (1 if self.rec.copies or i not in looped else cfg.n_loop)
+                         for i, b in enumerate(self.transformer.h) for p in b.parameters())
+        L = self.depth()
         head = cfg.vocab_size * cfg.n_embd
         extra = 0  # Phi per injection: exact = head and mixing matmuls, forward and backward (2 x 6dV);
         if self.rec.phi:  # top-k = a forward-only head (2dV, TopkPhi) + O(kd)
             k = cfg.phi_topk
             extra = (cfg.n_loop - 1) * (2 * head + 12 * k * cfg.n_embd if k else 12 * head)
-        total = 6 * (n_block_params * passes + head) + extra + 12 * L * cfg.n_embd * T
+        total = 6 * (block_runs + head) + extra + 12 * L * cfg.n_embd * T
         if recompute:
-            total += 2 * n_block_params * passes + 4 * L * cfg.n_embd * T
+            total += 2 * block_runs + 4 * L * cfg.n_embd * T
             if self.rec.phi and not cfg.phi_topk:  # exact Phi chunks run again
                 total += (cfg.n_loop - 1) * 4 * head
         return total

@@ -29,7 +29,7 @@ from common import (DTYPES, ERRORS, any_rank, autocast, cached_cpu_dtype, cpu_ha
                     rank0_decides, resolve_device, resolve_dtype, stop_on_signals)
 from configurator import configure
 from curriculum import rule_metrics
-from dataloader import open_data
+from dataloader import open_data, prepare_weights
 from memory import check_fits
 from model import GPT, GPTConfig
 from runlog import RunLog, open_run_folder
@@ -47,6 +47,8 @@ except (ValueError, *ERRORS) as e:
 branch, branch_facts = None, {}
 if config["init_from"] not in ("scratch", "resume"):  # a new run from another run's (or a Hugging Face model's) weights
     try:
+        if int(os.environ.get("RANK", 0)) == 0:  # e.g. data/smollm2/out, made on first use (under DDP: prepare it first)
+            prepare_weights(config["init_from"])
         *branch, model_keys, branch_facts = load_branch(config["init_from"], config)
         config.update(model_keys)  # a Hugging Face folder's architecture replaces the config's
     except ERRORS as e:

@@ -272,3 +272,31 @@ def test_sparse_targets_is_the_same_loss_and_gradient(recurrence):
     assert out[0][1].keys() == out[1][1].keys()
     for n in out[0][1]:
         torch.testing.assert_close(out[0][1][n], out[1][1][n], rtol=1e-10, atol=1e-12, msg=n)
+
+
+@pytest.mark.parametrize("rec", ["loop", "disco"])
+def test_prelude_and_coda_run_once_around_the_loop(rec):
+    """n_prelude / n_coda (a looped middle, as a pretrained model is retrofitted): the first block runs once, the
+    middle K times with the recurrence's update between loops, the last once; float64, by hand. Cached generation
+    equals uncached, and the FLOP count charges the looped blocks K times."""
+    torch.manual_seed(0)
+    m = GPT(GPTConfig(vocab_size=50, n_layer=4, n_head=2, n_embd=16, block_size=16, recurrence=rec, n_loop=3,
+                      n_prelude=1, n_coda=1, pos_emb="rope")).double().eval()
+    x = torch.randint(0, 50, (2, 10))
+    rope = (m.rope_cos, m.rope_sin)
+    with torch.no_grad():
+        h = m.transformer.h[0](m.transformer.wte(x), rope, None)
+        for k in range(3):
+            for i in (1, 2):
+                h = m.transformer.h[i](h, rope, None)
+            if k < 2:
+                h = h + m.config.disco_alpha * m.transformer.ln_inj(m.phi(h)) if rec == "disco" else h
+        h = m.transformer.h[3](h, rope, None)
+        assert (m.head(h) - m(x)[0]).abs().max().item() < 1e-9
+        assert torch.equal(m.generate(x[:1, :4], 5, temperature=0), m.generate(x[:1, :4], 5, temperature=0, use_cache=False))
+    plain = GPT(GPTConfig(vocab_size=50, n_layer=4, n_head=2, n_embd=16, block_size=16, recurrence=rec, n_loop=3))
+    per_block = sum(p.numel() for p in m.transformer.h[0].parameters())
+    assert plain.flops_per_token(10) - m.flops_per_token(10) == 6 * 2 * 2 * per_block + 12 * 4 * 16 * 10
+    for bad in (dict(n_prelude=2, n_coda=2), dict(n_prelude=1, recurrence="ponder"), dict(n_coda=-1)):
+        with pytest.raises(ValueError, match="n_prelude|n_coda"):
+            GPTConfig(**{**dict(vocab_size=50, n_layer=4, n_head=2, n_embd=16, recurrence="loop", n_loop=2), **bad})

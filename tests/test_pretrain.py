@@ -115,6 +115,20 @@ def test_bad_input(corpus, tmp_path):
     assert r.returncode == 2 and "encoding='nope'" in r.stderr
 
 
+def test_bad_sources_are_refused_before_out_dir_is_made(tmp_path):
+    """A source is checked when it is opened, not when its first row is read: a folder without .txt files (it read as
+    no documents and failed at the end), a missing file, a hub source without its CONFIG part, each one line, and
+    out_dir is not made (it used to be left behind, empty)."""
+    (tmp_path / "no_txt").mkdir()
+    (tmp_path / "no_txt" / "a.md").write_text("not a .txt")
+    for source, needle in [(tmp_path / "no_txt", "is a folder without .txt files"), (tmp_path / "x.jsonl", "not found"),
+                           ("hf:nobody", "allowed hf:NAME:CONFIG")]:
+        r = run(["data/pretrain/prepare.py", f"--out_dir={tmp_path / 'out'}", f"--data_files={source}", "--weights=1",
+                 "--encoding=bytes", "--num_proc=1"], env={"HF_DATASETS_OFFLINE": "1"})
+        assert r.returncode == 2 and needle in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+        assert not (tmp_path / "out").exists()
+
+
 TINY = ["config/pretrain_tiny.py", "--max_iters=8", "--eval_interval=4", "--log_interval=1", "--dtype=float32",
         "--eval_iters=2", "--threads=1", "--n_embd=64", "--n_loop=2", "--phi_topk=16"]
 

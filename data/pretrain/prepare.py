@@ -105,40 +105,52 @@ def open_source(spec, text_column):
     if spec.startswith("sdist:"):
         spec = sdist_folder(spec)
     if os.path.isdir(spec):
-        return (open(p, encoding="utf-8", errors="replace").read()
-                for p in sorted(glob.glob(os.path.join(spec, "**", "*.txt"), recursive=True)))
+        files = sorted(glob.glob(os.path.join(spec, "**", "*.txt"), recursive=True))
+        if not files:  # it used to read as a source of no documents, and the run failed at the end
+            raise ConfigError(f"source '{spec}' is a folder without .txt files (a folder source gives each of its .txt "
+                              "files, recursively, as one document)")
+        return (open(p, encoding="utf-8", errors="replace").read() for p in files)
     if spec.startswith("synthetic:"):
         if spec not in ("synthetic:web", "synthetic:math"):
             raise ConfigError(f"source '{spec}' is invalid: allowed synthetic:web, synthetic:math")
         return synthetic_documents(spec.split(":")[1])
-    return _rows(spec, text_column)
+    return _rows(spec, text_column, source_kind(spec))
 
 
-def _rows(spec, text_column):
+def source_kind(spec):
+    """How a file or hub source is read: 'hf', 'parquet', 'json', or None for an empty file (no documents). Checked
+    when the source is opened, before any work: the rows themselves are read lazily."""
+    if spec.startswith("hf:"):
+        if spec.count(":") < 2 or not spec.split(":")[1]:
+            raise ConfigError(f"source '{spec}' is invalid: allowed hf:NAME:CONFIG (CONFIG may be empty: hf:NAME:)")
+        if not (os.environ.get("HF_DATASETS_OFFLINE") or os.environ.get("HF_HUB_OFFLINE")):
+            import socket
+            try:  # no name for the hub: say so now, not after half a minute of retries
+                socket.getaddrinfo("huggingface.co", 443)
+            except OSError:
+                raise ConfigError(f"source '{spec}': the hub (huggingface.co) cannot be reached from here; pass "
+                                  "local files with --data_files, or set HF_DATASETS_OFFLINE=1 to read the local "
+                                  "cache") from None
+        return "hf"
+    if not os.path.exists(spec):
+        raise ConfigError(f"data file or folder '{spec}' not found (allowed: a .parquet/.jsonl/.json file, a folder "
+                          "of .txt files, hf:NAME:CONFIG, sdist:NAME==VERSION:FOLDER, synthetic:web|math)")
+    kind = {"parquet": "parquet", "jsonl": "json", "json": "json"}.get(spec.rsplit(".", 1)[-1])
+    if kind is None or not os.path.isfile(spec):
+        raise ConfigError(f"data file '{spec}' " + ("not found" if kind else "must be .parquet, .jsonl or .json"))
+    return kind if os.path.getsize(spec) else None
+
+
+def _rows(spec, text_column, kind):
+    if kind is None:
+        return  # an empty file: no documents
     import datasets
     from datasets import load_dataset
     datasets.logging.set_verbosity(datasets.logging.CRITICAL)  # a failure is reported below, in one line
     import huggingface_hub
     huggingface_hub.utils.logging.set_verbosity_error()  # ... and so is a hub that does not answer (no retry lines)
-    if not spec.startswith("hf:"):
-        if not os.path.exists(spec):
-            raise ConfigError(f"data file or folder '{spec}' not found (allowed: a .parquet/.jsonl/.json file, a folder "
-                              "of .txt files, hf:NAME:CONFIG, sdist:NAME==VERSION:FOLDER, synthetic:web|math)")
-        ext = spec.rsplit(".", 1)[-1]
-        kind = {"parquet": "parquet", "jsonl": "json", "json": "json"}.get(ext)
-        if kind is None or not os.path.isfile(spec):
-            raise ConfigError(f"data file '{spec}' " + ("not found" if kind else "must be .parquet, .jsonl or .json"))
-        if os.path.getsize(spec) == 0:
-            return  # an empty source: no documents
-    if spec.startswith("hf:") and not (os.environ.get("HF_DATASETS_OFFLINE") or os.environ.get("HF_HUB_OFFLINE")):
-        import socket
-        try:  # no name for the hub: say so now, not after half a minute of retries
-            socket.getaddrinfo("huggingface.co", 443)
-        except OSError:
-            raise ConfigError(f"source '{spec}': the hub (huggingface.co) cannot be reached from here; pass local "
-                              "files with --data_files, or set HF_DATASETS_OFFLINE=1 to read the local cache") from None
     try:  # a source that cannot be read (malformed file, hub out of reach) is one line, not a library's traceback
-        if spec.startswith("hf:"):
+        if kind == "hf":
             _, name, cfg = spec.split(":", 2)
             ds = load_dataset(name, cfg or None, split="train", streaming=True)
         else:
@@ -215,94 +227,125 @@ def read_state(out, generator):
 
 def write_shards(c, enc, out):
     dtype = np.uint16 if enc.n_vocab <= 2**16 else np.uint32
-    state_path = os.path.join(out, "state.json")
     generator = {k: c[k] for k in GENERATOR_KEYS} | {"n_vocab": enc.n_vocab}
     n_src = len(c["data_files"].split(","))
     state = read_state(out, generator) or {"config": generator, "consumed": [0] * n_src, "tokens": [0] * n_src,
                                            "shards": {"val": [], "train": []}}
+    iters, weights = open_sources(c, state["consumed"])  # a bad source is refused before out_dir is made
     os.makedirs(out, exist_ok=True)
-    iters, weights = open_sources(c, state["consumed"])
-    consumed, tokens = list(state["consumed"]), np.array(state["tokens"], dtype=np.float64)
-    written = sum(n for split in state["shards"].values() for _, n in split)
-    budget = c["max_tokens"] + c["val_tokens"]
-    from tqdm import tqdm
-    bar = tqdm(total=budget, initial=written, unit="tok", unit_scale=True, disable=None)
-    buf, alive = np.zeros(0, dtype=dtype), [True] * n_src
-    if state.get("pending"):
-        buf = np.fromfile(os.path.join(out, state["pending"]), dtype=dtype)
+    writer = ShardWriter(c, out, state, dtype)
+    merge_sources(c, enc, writer, iters, weights)
+    writer.cut(final=True)
+    writer.bar.close()
+    if not state["shards"]["train"]:
+        raise ConfigError(f"the corpus gave only {writer.written} tokens, not more than val_tokens={c['val_tokens']}: "
+                          "no training shard (lower val_tokens or add data)")
+    meta = {"kind": "tokens", "generator": "pretrain", "dtype": np.dtype(dtype).name, "vocab_size": enc.n_vocab,
+            "eot": enc.eot_token, "encoding": enc.name, "shards": state["shards"],
+            "source_tokens": writer.tokens.tolist(), "config": generator}
+    atomic_write(os.path.join(out, "meta.json"), json.dumps(meta, indent=1))
+    return meta
 
-    pieces = [buf]  # token arrays not yet in a shard, in order (joined only when a shard is cut)
 
-    def next_shard():
-        n_val = sum(n for _, n in state["shards"]["val"])
-        split = "val" if n_val < c["val_tokens"] else "train"
-        return split, min(c["val_tokens"] - n_val if split == "val" else c["shard_tokens"], budget - written)
+class ShardWriter:
+    """The shards of one run of this script: merged documents (`pieces`, token arrays in order, joined only when a
+    shard is cut) become the first val_tokens of validation shards, then training shards of shard_tokens, up to
+    the budget. After each shard, the tokens read but not yet in a shard are kept in a pending file named in
+    state.json, with the documents consumed and the tokens of each source, so a resumed run continues with
+    exactly the same stream. `consumed` and `tokens` are the per-source counts the merge updates."""
 
-    def cut(final=False):
-        """Write every complete shard: the first val_tokens are validation, then train."""
-        nonlocal pieces, written
-        have = sum(len(p) for p in pieces)
-        while written < budget:
-            split, size = next_shard()
+    def __init__(self, c, out, state, dtype):
+        from tqdm import tqdm
+        self.c, self.out, self.state, self.dtype = c, out, state, dtype
+        self.state_path = os.path.join(out, "state.json")
+        self.consumed, self.tokens = list(state["consumed"]), np.array(state["tokens"], dtype=np.float64)
+        self.written = sum(n for split in state["shards"].values() for _, n in split)
+        self.budget = c["max_tokens"] + c["val_tokens"]
+        self.bar = tqdm(total=self.budget, initial=self.written, unit="tok", unit_scale=True, disable=None)
+        buf = np.zeros(0, dtype=dtype)
+        if state.get("pending"):
+            buf = np.fromfile(os.path.join(out, state["pending"]), dtype=dtype)
+        self.pieces, self.pending_len = [buf], len(buf)
+
+    def full(self):
+        return self.written + self.pending_len >= self.budget
+
+    def next_shard(self):
+        """(split, size) of the shard to cut next."""
+        n_val = sum(n for _, n in self.state["shards"]["val"])
+        split = "val" if n_val < self.c["val_tokens"] else "train"
+        size = self.c["val_tokens"] - n_val if split == "val" else self.c["shard_tokens"]
+        return split, min(size, self.budget - self.written)
+
+    def add(self, doc):
+        """One merged document (its counts in consumed / tokens already updated): a shard is cut once it is full."""
+        self.pieces.append(doc)
+        self.pending_len += len(doc)
+        if self.pending_len >= self.next_shard()[1]:
+            self.cut()
+            self.pending_len = sum(len(p) for p in self.pieces)
+
+    def cut(self, final=False):
+        """Write every complete shard (final: also the last, shorter one)."""
+        have = sum(len(p) for p in self.pieces)
+        while self.written < self.budget:
+            split, size = self.next_shard()
             if have < size and not (final and have):
                 return
-            buf = np.concatenate(pieces)
+            buf = np.concatenate(self.pieces)
             piece, buf = buf[:size], buf[size:]
-            pieces, have = [buf], len(buf)
-            name = f"{split}_{len(state['shards'][split]):06d}.bin"
-            write_atomic(os.path.join(out, name), piece)
-            state["shards"][split].append([name, len(piece)])
-            written += len(piece)
-            bar.update(len(piece))
-            # merged documents whose tokens are not in a shard yet are kept in a pending file,
-            # named in the state, so a resumed run continues with exactly the same stream
-            pending = f"pending_{len(state['shards']['train']) + len(state['shards']['val']):06d}.bin"
-            write_atomic(os.path.join(out, pending), buf)
-            old_pending = state.get("pending")
-            state.update(consumed=list(consumed), tokens=tokens.tolist(), pending=pending)
-            atomic_write(state_path, json.dumps(state))
-            if old_pending and old_pending != pending:
-                os.remove(os.path.join(out, old_pending))
+            self.pieces, have = [buf], len(buf)
+            name = f"{split}_{len(self.state['shards'][split]):06d}.bin"
+            write_atomic(os.path.join(self.out, name), piece)
+            self.state["shards"][split].append([name, len(piece)])
+            self.written += len(piece)
+            self.bar.update(len(piece))
+            self.save_pending(buf)
 
-    quota = weights * budget  # each source's token share (reported when a source runs out)
+    def save_pending(self, buf):
+        shards = self.state["shards"]
+        pending = f"pending_{len(shards['train']) + len(shards['val']):06d}.bin"
+        write_atomic(os.path.join(self.out, pending), buf)
+        old_pending = self.state.get("pending")
+        self.state.update(consumed=list(self.consumed), tokens=self.tokens.tolist(), pending=pending)
+        atomic_write(self.state_path, json.dumps(self.state))
+        if old_pending and old_pending != pending:
+            os.remove(os.path.join(self.out, old_pending))
+
+
+def merge_sources(c, enc, writer, iters, weights):
+    """Documents into the writer until its budget is met or every source is spent. One DOCUMENT at a time from the
+    source furthest below its token share: the mix holds at any budget (within one document), and the stream does
+    not depend on the budget or on batch_docs, so a run with a larger max_tokens resumes a smaller one exactly."""
     names = c["data_files"].split(",")
-    queues = [collections.deque() for _ in range(n_src)]  # encoded documents not merged yet
-    pending_len = len(buf)
-    while written + pending_len < budget and any(alive):
-        # one DOCUMENT at a time from the source furthest below its token share: the mix holds at any
-        # budget (within one document), and the stream does not depend on the budget or on batch_docs,
-        # so a run with a larger max_tokens resumes a smaller one exactly
+    quota = weights * writer.budget  # each source's token share (reported when a source runs out)
+    queues = [collections.deque() for _ in names]  # encoded documents not merged yet
+    alive = [True] * len(names)
+    tokens = writer.tokens
+    while not writer.full() and any(alive):
         i = int(np.argmin(np.where(alive, tokens / weights, np.inf)))
         if not queues[i]:
             texts = [t for _, t in zip(range(c["batch_docs"]), iters[i])]
             if not texts:
-                short = (f"source {names[i]!r} ran out after {int(tokens[i]):,} tokens, before its share of "
-                         f"{int(quota[i]):,}")
-                if c["short_source"] == "stop" and n_src > 1:  # shards so far are kept: a smaller budget resumes them
-                    raise ConfigError(f"{short}: the mix would drift; use max_tokens <= {int(tokens[i] / weights[i]):,}, "
-                                      "add data, or short_source='fill'")
-                if n_src > 1:  # 'fill': the others fill the rest; the realized mix is printed at the end
-                    print(f"warning: {short}; the other sources fill it", file=sys.stderr)
+                source_spent(c, names[i], tokens[i], quota[i], weights[i], len(names))
                 alive[i] = False
                 continue
             queues[i].extend(enc.encode_ordinary_batch(texts, num_threads=c["num_proc"]))
-        doc = np.asarray(queues[i].popleft() + [enc.eot_token], dtype=dtype)
-        pieces.append(doc)
-        pending_len += len(doc)
-        consumed[i] += 1  # documents merged (a resumed run skips exactly these)
+        doc = np.asarray(queues[i].popleft() + [enc.eot_token], dtype=writer.dtype)
+        writer.consumed[i] += 1  # documents merged (a resumed run skips exactly these)
         tokens[i] += len(doc)
-        if pending_len >= next_shard()[1]:
-            cut()
-            pending_len = sum(len(p) for p in pieces)
-    cut(final=True)
-    bar.close()
-    if not state["shards"]["train"]:
-        raise ConfigError(f"the corpus gave only {written} tokens, not more than val_tokens={c['val_tokens']}: "
-                          "no training shard (lower val_tokens or add data)")
-    meta = {"kind": "tokens", "generator": "pretrain", "dtype": np.dtype(dtype).name, "vocab_size": enc.n_vocab, "eot": enc.eot_token, "encoding": enc.name,
-            "shards": state["shards"], "source_tokens": tokens.tolist(), "config": generator}
-    atomic_write(os.path.join(out, "meta.json"), json.dumps(meta, indent=1))
-    return meta
+        writer.add(doc)
+
+
+def source_spent(c, name, tokens, quota, weight, n_src):
+    """A source ran out before its share: 'stop' is one line (the shards so far are kept: a smaller budget resumes
+    them), 'fill' lets the other sources fill it (the realized mix is printed at the end)."""
+    short = f"source {name!r} ran out after {int(tokens):,} tokens, before its share of {int(quota):,}"
+    if c["short_source"] == "stop" and n_src > 1:
+        raise ConfigError(f"{short}: the mix would drift; use max_tokens <= {int(tokens / weight):,}, "
+                          "add data, or short_source='fill'")
+    if n_src > 1:
+        print(f"warning: {short}; the other sources fill it", file=sys.stderr)
 
 
 def main(argv):

@@ -45,7 +45,8 @@ DEFAULTS = dict(
     pad_left=0,        # training questions (facts included) start after 0..pad_left '_' tokens, drawn once per question
                        # (test and val have none): varied offsets for hop extrapolation
 )
-CHECKS = {"out_dir": FOLDER, "seed": INT_GE0}  # the relations between keys: check_config
+# the relations between keys: check_config (a comment on the CHECKS line would be --help's meaning of its keys)
+CHECKS = {"out_dir": FOLDER, "seed": INT_GE0}
 GENERATOR_KEYS = [k for k in DEFAULTS if k != "out_dir"]  # what makes two datasets the same
 ADDED_KEYS = ("n_val", "pad_left")  # keys added since: a folder without them is this generator's, prepared again (its other
                          # splits come out byte-identical: generation is deterministic and new keys only add splits)
