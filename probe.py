@@ -34,8 +34,10 @@ NORMS = ("rms", "unit", "none")
 
 def load(ckpt_path, data_dir=None, raw=False):
     ckpt = load_checkpoint(ckpt_path)
+    if data_dir and kind_of(read_meta(data_dir)) != "qa":  # the folder says what it is
+        raise DataError(f"data_dir='{data_dir}' is not a question-answer dataset (symbolic, nl): probe.py probes on one")
     data_dir = data_dir or ckpt["config"]["data_dir"]
-    if kind_of(read_meta(data_dir)) != "qa":  # the folder says what it is
+    if kind_of(read_meta(data_dir)) != "qa":
         raise CheckpointError(f"'{ckpt_path}' was trained on token shards ('{data_dir}'): probe.py probes "
                               "question-answer checkpoints (symbolic, nl); evaluate a pretraining run with eval_harness.py")
     model = model_from_checkpoint(ckpt, use_ema=not raw).eval()

@@ -235,3 +235,12 @@ def test_plot_keeps_runs_that_share_a_name(tiny_ckpts, tmp_path):
 def test_probe_without_a_command_is_one_line():
     r = run(["probe.py"])
     assert r.returncode == 2 and "a command is required" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_a_token_shard_data_dir_is_named(tiny_ckpts, tmp_path):
+    """--data_dir of token shards for a question-answer checkpoint: the folder is named, not the checkpoint blamed."""
+    shards = tmp_path / "shards"
+    assert run(["data/pretrain/prepare.py", f"--out_dir={shards}", "--encoding=bytes", "--num_proc=1",
+                "--data_files=synthetic:web", "--weights=1", "--max_tokens=2000", "--val_tokens=500"]).returncode == 0
+    r = run(["probe.py", "acc", f"--ckpt={tiny_ckpts['loop']}", f"--data_dir={shards}"])
+    assert r.returncode == 2 and f"data_dir='{shards}' is not a question-answer dataset" in r.stderr

@@ -138,3 +138,67 @@ def test_local_task_one_line(tmp_path):
     one_line(run(["data/pretrain/local_task.py", f"--text_file={text}", f"--out_dir={afile}"]), "is an existing file")
     one_line(run(["data/pretrain/local_task.py", f"--text_file={text}", f"--out_dir={tmp_path / 'o'}"]), "gives no example")
     assert not (tmp_path / "o").exists()
+
+
+def test_sample_refuses_before_work(tmp_path):
+    """No sample asked for (it printed nothing and exited 0), negative or non-finite sizes, and a prompt file that is
+    not UTF-8 (a codec error that did not name the file): one line, checked before the checkpoint is read (here it
+    does not even exist)."""
+    bad = tmp_path / "prompt.txt"
+    bad.write_bytes(b"\xff\xfeROMEO")
+    ckpt = f"--ckpt={tmp_path / 'none.pt'}"
+    for args, needle in [(["--num_samples=0"], "num_samples=0 is invalid: allowed an integer >= 1"),
+                         (["--num_samples=-2"], "num_samples=-2"), (["--top_k=-1"], "top_k=-1"),
+                         (["--n_loop=-1"], "n_loop=-1"), (["--temperature=-0.5"], "temperature=-0.5"),
+                         (["--max_new_tokens=0"], "max_new_tokens=0"),
+                         ([f"--start=FILE:{bad}"], f"start='FILE:{bad}': the file is not UTF-8 text (byte b'\\xff'"),
+                         ([f"--start=FILE:{tmp_path}"], "cannot be read (Is a directory)")]:
+        one_line(run(["sample.py", ckpt, *args]), needle)
+
+
+def test_sample_names_the_prompt_it_cannot_encode(probe_ckpt):
+    one_line(run(["sample.py", f"--ckpt={probe_ckpt}", "--num_samples=1", "--max_new_tokens=1"]),
+             "start='\\n' gives no token")
+
+
+@pytest.fixture(scope="module")
+def token_ckpt(tmp_path_factory):
+    from test_export import toy_checkpoint
+    path = str(tmp_path_factory.mktemp("tok") / "ckpt.pt")
+    toy_checkpoint(path, recurrence="none")  # K = 3 untied copies, byte tokenizer
+    return path
+
+
+def test_eval_harness_refuses_before_work(probe_ckpt, token_ckpt, tmp_path):
+    """Each one line before the checkpoint is evaluated: a question-answer checkpoint through the harness CLI (its
+    setup lines used to come first), a bad --model_args value, --include_path naming a file (it said 'unknown task'),
+    a negative n_loop, a loop count past the untied copies."""
+    afile = tmp_path / "tasks.yaml"
+    afile.write_text("task: x\n")
+    env = {"HF_DATASETS_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
+    for args, needle in [
+            (["lm_eval", "--model", "discoloop", "--model_args", f"ckpt={probe_ckpt}", "--tasks", "piqa"], "token shards"),
+            (["lm_eval", "--model", "discoloop", "--model_args", f"ckpt={token_ckpt},n_loop=x", "--tasks", "piqa"],
+             "--model_args n_loop='x' is invalid"),
+            (["lm_eval", "--model=discoloop", "--tasks", "piqa"], "needs --model_args ckpt=PATH"),
+            ([f"--ckpt={token_ckpt}", f"--include_path={afile}"], f"include_path='{afile}' is invalid"),
+            ([f"--ckpt={token_ckpt}", "--n_loop=-1"], "n_loop=-1"), ([f"--ckpt={token_ckpt}", "--tasks="], "tasks=''"),
+            ([f"--ckpt={token_ckpt}", "--n_loop=4", "--tasks=piqa"], "n_loop=4 is invalid: allowed 0 (the trained K=3) or 1..3")]:
+        one_line(run(["eval_harness.py", *args], env=env), needle)
+
+
+def test_nl_prepare_refuses_before_fetching_ranks(tmp_path):
+    """format, names and n_relations are checked before GPT-2's ranks are fetched (they were refused after it)."""
+    env = {"TIKTOKEN_CACHE_DIR": str(tmp_path / "empty_cache"), "HTTPS_PROXY": "http://127.0.0.1:9",
+           "HTTP_PROXY": "http://127.0.0.1:9", "DISCOLOOP_TOKENIZERS": str(tmp_path / "no_ranks"),
+           "PIP_INDEX_URL": "http://127.0.0.1:9/simple"}  # a fetch would fail, naming --tiktoken_file
+    for arg, needle in [("--format=bogus", "format='bogus'"), ("--names=x", "names='x'"),
+                        ("--n_relations=51", "n_relations=51 is invalid: allowed 1..50")]:
+        r = run(["data/nl/prepare.py", f"--out_dir={tmp_path / 'nl'}", arg], env=env)
+        one_line(r, needle)
+        assert "fetching" not in r.stdout
+
+
+def test_symbolic_help_gives_each_key_its_own_meaning():
+    r = run(["data/symbolic/prepare.py", "--help"])
+    assert "--seed=0" in r.stdout and "seed of both graphs" in r.stdout.split("--seed=0", 1)[1].splitlines()[0]
