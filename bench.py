@@ -172,6 +172,8 @@ def step_results(models, raw, times, peaks, x, y, ctx, peak):
                           "flops": flops}
         if label in peaks:
             results[label]["cuda_peak_MB"] = peaks[label] / 2**20
+    if "loop" not in results:  # the reference row ran out of memory (time_variants left it out)
+        die("the reference variant 'loop' ran out of memory: lower batch_size or block_size")
     base, cuda = results["loop"], bool(peaks)
     print(table(["model", "step (ms)", "time vs loop", "FLOPs vs loop", "tokens/s", "MFU", "saved for backward (MB)"]
                 + (["CUDA step peak above weights (MB)"] if cuda else []),

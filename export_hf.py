@@ -3,6 +3,7 @@ Export a checkpoint to a Hugging Face folder that loads offline with transformer
 
     python export_hf.py --ckpt=out/small_disco --out_dir=out/hf_small_disco
     python -c "from transformers import AutoModelForCausalLM as M; M.from_pretrained('out/hf_small_disco', trust_remote_code=True)"
+    python -c "from transformers import AutoTokenizer as T; T.from_pretrained('out/hf_small_disco', trust_remote_code=False)"
     lm_eval --model hf --model_args pretrained=out/hf_small_disco,trust_remote_code=True --tasks piqa
 
 The folder holds config.json (every GPTConfig field, an auto_map, max_position_embeddings, bos/eos and
@@ -12,6 +13,12 @@ tokenizer.json that encodes exactly as the checkpoint's tokenizer: tiktoken rank
 tokenizer.json (checked on sample texts before anything is written), a tokenizer.json is copied, a
 question-answer vocabulary becomes a word-level tokenizer. Tested with the transformers version pinned in
 requirements.txt.
+
+The tokenizer needs none of the folder's code, but say so: AutoTokenizer reads config.json first, and its auto_map
+makes transformers ask (y/N, 15 s) whether to run the folder's code when trust_remote_code is left unset; any
+model_type transformers does not know does that. generate() runs model.py's key/value cache per (loop, layer) and
+refuses, as GPT.generate does, to run past block_size; an untied head (tie_embeddings=False) is exported as its own
+weight (tie_word_embeddings false).
 """
 import json
 import os

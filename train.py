@@ -38,21 +38,18 @@ from tokenizer import WordVocab, get_encoding, record
 
 # -----------------------------------------------------------------------------
 # every key, its default and its meaning: train_config.py (GPTConfig's model keys, then the training keys)
+branch, branch_facts = None, {}
 try:  # every key's one check: train_config.CHECKS here, GPTConfig's for the model keys
     config = configure(train_config.defaults(), sys.argv[1:], __doc__, [train_config.__file__, sys.modules[GPTConfig.__module__].__file__],
                        train_config.CHECKS)
-    train_config.check(config)
-except (ValueError, *ERRORS) as e:
-    die(e)
-branch, branch_facts = None, {}
-if config["init_from"] not in ("scratch", "resume"):  # a new run from another run's (or a Hugging Face model's) weights
-    try:
+    if config["init_from"] not in ("scratch", "resume"):  # a new run from another run's (or a Hugging Face model's) weights
         if int(os.environ.get("RANK", 0)) == 0:  # e.g. data/smollm2/out, made on first use (under DDP: prepare it first)
             prepare_weights(config["init_from"])
         *branch, model_keys, branch_facts = load_branch(config["init_from"], config)
-        config.update(model_keys)  # a Hugging Face folder's architecture replaces the config's
-    except ERRORS as e:
-        die(e)
+        config.update(model_keys)  # a Hugging Face folder's architecture replaces the config's, before the model check
+    train_config.check(config)
+except (ValueError, *ERRORS) as e:
+    die(e)
 globals().update(config)  # nanoGPT's style: every key is a name below (model keys are read as config[...])
 
 # -----------------------------------------------------------------------------

@@ -219,7 +219,7 @@ def test_plot_refuses_bad_figures_epochs_and_folders(tiny_ckpts, tmp_path):
     r = run(["probe.py", "plot", str(pre), f"--png={tmp_path / 'c.png'}"])
     assert r.returncode == 2 and "cannot be read as JSON" in r.stderr
     (pre / "config.json").write_text(json.dumps({"batch_size": 2, "gradient_accumulation_steps": 1, "block_size": 16}))
-    out = probe("plot", str(pre), f"--png={tmp_path / 'c.svg'}", "--at_epoch=20", f"--json={tmp_path / 'p.json'}")
+    probe("plot", str(pre), f"--png={tmp_path / 'c.svg'}", "--at_epoch=20", f"--json={tmp_path / 'p.json'}")
     assert json.load(open(tmp_path / "p.json"))["pre"]["iter"] == 20 and os.path.getsize(tmp_path / "c.svg") > 1000
 
 
