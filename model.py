@@ -134,6 +134,10 @@ class GPTConfig:
             bad("norm", NORMS)
         if self.mlp not in MLPS:
             bad("mlp", MLPS)
+        self._check_recurrence(bad)
+
+    def _check_recurrence(self, bad):
+        """The recurrence's keys and the training-only ones (the shape's are checked above)."""
         if self.recurrence not in RECURRENCES:
             bad("recurrence", tuple(RECURRENCES))
         if self.disco_gate not in GATES:
@@ -367,14 +371,7 @@ class GPT(nn.Module):
         if "transformer.wpe.weight" in ours:
             ours["transformer.wpe.weight"] = ours["transformer.wpe.weight"][:config.block_size]
         model = cls(config)
-        n, copies = config.n_layer, config.n_loop if model.rec.copies else 1
-        full = {}
-        for name, t in ours.items():  # recurrence='none': every untied copy starts as the pretrained stack
-            if name.startswith("transformer.h."):
-                i, rest = name[len("transformer.h."):].split(".", 1)
-                full.update({f"transformer.h.{c * n + int(i)}.{rest}": t for c in range(copies)})
-            else:
-                full[name] = t
+        full = _tile_copies(ours, config.n_layer, config.n_loop if model.rec.copies else 1)
         want = model.state_dict()
         for name, t in full.items():
             if name not in want or want[name].shape != t.shape:
@@ -636,6 +633,18 @@ class GPT(nn.Module):
 
 
 # ---- Hugging Face checkpoints (GPT.from_pretrained) ------------------------------------------------------------
+def _tile_copies(ours, n, copies):
+    """One stack's weights for every untied copy (recurrence='none': each copy starts as the pretrained stack)."""
+    full = {}
+    for name, t in ours.items():
+        if name.startswith("transformer.h."):
+            i, rest = name[len("transformer.h."):].split(".", 1)
+            full.update({f"transformer.h.{c * n + int(i)}.{rest}": t for c in range(copies)})
+        else:
+            full[name] = t
+    return full
+
+
 def read_hf_weights(folder):
     """{name: tensor} of a Hugging Face folder's weights and the file(s) they came from (for messages)."""
     import json

@@ -76,3 +76,10 @@ def test_function_level_project_imports_say_why():
         for name, lineno, top in imports(path):
             if not top and not name.startswith("data."):  # data.<name>.prepare: the dataset dispatch (dataloader.py)
                 assert "#" in lines[lineno - 1], f"{m}.py:{lineno} imports {name} inside a function without saying why"
+
+
+def test_no_function_over_sixty_lines():
+    long = [f"{os.path.relpath(p, REPO)}:{n.name} ({n.end_lineno - n.lineno + 1})" for p in PROJECT.values()
+            for n in ast.walk(ast.parse(open(p).read()))
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.end_lineno - n.lineno + 1 > 60]
+    assert not long, f"functions over 60 lines: {long}"
