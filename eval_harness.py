@@ -27,7 +27,8 @@ from common import autocast, resolve_device, resolve_dtype, table
 from checkpoint import load_checkpoint, model_from_checkpoint
 from common import ERRORS, SYSTEM_CHECKS, CheckpointError, ConfigError, die
 from configurator import INT_GE0, INT_GE1, OUTPUT, configure
-from tokenizer import tokenizer_for
+from model import GPT
+from tokenizer import HFEncoding, tokenizer_for
 
 REPO = os.path.dirname(os.path.abspath(__file__))
 TABLE2 = ["arc_challenge", "arc_easy", "hellaswag", "lambada_openai", "piqa", "race", "sciq"]
@@ -41,14 +42,39 @@ def encoding_for(ckpt):
     return tokenizer_for(ckpt)
 
 
+def hf_folder(path):
+    """A Hugging Face model folder (config.json and a tokenizer.json, no ckpt.pt): evaluated as GPT.from_pretrained
+    reads it, e.g. the pretrained model a looped one was continued from (data/smollm2/out)."""
+    return (isinstance(path, str) and os.path.isdir(path) and not os.path.exists(os.path.join(path, "ckpt.pt"))
+            and os.path.isfile(os.path.join(path, "config.json")))
+
+
+def pretrained(path):
+    """(GPT, its tokenizer) of a Hugging Face folder; the end-of-text token is tokenizer_config.json's eos_token."""
+    tok_path = os.path.join(path, "tokenizer.json")
+    if not os.path.isfile(tok_path):
+        raise CheckpointError(f"'{path}' has no tokenizer.json: eval_harness.py reads a Hugging Face folder with one")
+    try:
+        with open(os.path.join(path, "tokenizer_config.json")) as f:
+            eos = json.load(f).get("eos_token")
+        model = GPT.from_pretrained(path)
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"'{path}': {str(e).splitlines()[0]}") from None
+    return model, HFEncoding(tok_path, eos if isinstance(eos, str) else "<|endoftext|>")
+
+
 @register_model("discoloop")
 class DiscoLoopLM(TemplateLM):
     def __init__(self, ckpt, n_loop=None, batch_size=16, device="auto", dtype="auto", max_gen_toks=256, **_):
         super().__init__()
-        ck = (CHECKED.pop(ckpt, None) or load_checkpoint(ckpt)) if isinstance(ckpt, str) else ckpt
         self.dev = resolve_device(device)
-        self.enc = encoding_for(ck)  # before the model is built: a question-answer checkpoint is one line
-        self.model = model_from_checkpoint(ck).to(self.dev).eval()
+        if hf_folder(ckpt):
+            model, self.enc = pretrained(ckpt)
+        else:
+            ck = (CHECKED.pop(ckpt, None) or load_checkpoint(ckpt)) if isinstance(ckpt, str) else ckpt
+            self.enc = encoding_for(ck)  # before the model is built: a question-answer checkpoint is one line
+            model = model_from_checkpoint(ck)
+        self.model = model.to(self.dev).eval()
         self.n_loop = int(n_loop) if n_loop not in (None, "", 0, "0") else None
         K = self.model.config.n_loop
         if self.n_loop is not None and (self.n_loop < 1 or (self.model.rec.copies and self.n_loop > K)):
@@ -174,7 +200,7 @@ def table2_row(results, tasks):
 
 
 DEFAULTS = dict(
-    ckpt="",                  # checkpoint file or run folder (required)
+    ckpt="",                  # checkpoint file or run folder, or a Hugging Face model folder (required)
     tasks=",".join(TABLE2),   # comma list of lm-eval tasks (default: the paper's Table 2)
     n_loop=0,                 # loops at evaluation (0 = the trained K)
     batch_size=16,            # sequences per forward
@@ -207,9 +233,10 @@ def check_model_args(args):
             raise ConfigError(f"--model_args {key}={kv[key]!r} is invalid: allowed an integer >= {lo}")
     if "dtype" in kv and not SYSTEM_CHECKS["dtype"][0](kv["dtype"]):
         raise ConfigError(f"--model_args dtype={kv['dtype']!r} is invalid: allowed {SYSTEM_CHECKS['dtype'][1]}")
-    ck = load_checkpoint(kv["ckpt"])
-    encoding_for(ck)
-    CHECKED[kv["ckpt"]] = ck
+    if not hf_folder(kv["ckpt"]):
+        ck = load_checkpoint(kv["ckpt"])
+        encoding_for(ck)
+        CHECKED[kv["ckpt"]] = ck
 
 
 def passthrough_args(args):

@@ -201,3 +201,21 @@ def test_train_continues_a_pretrained_folder_as_disco(tmp_path):
     assert cfg["init_kind"] == "Hugging Face llama" and "transformer.ln_inj.weight" in cfg["init_fresh"]
     from checkpoint import load_checkpoint
     assert load_checkpoint(out)["model_args"]["rope_theta"] == GPT.from_pretrained(folder).config.rope_theta == 5000.0
+
+
+def test_eval_harness_reads_a_pretrained_folder(tmp_path):
+    """eval_harness.py --ckpt=<Hugging Face folder>: the model a looped one was continued from, evaluated the same way."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    pytest.importorskip("lm_eval")
+    from eval_harness import DiscoLoopLM
+    _, folder = saved("llama_tied", tmp_path)
+    tok = Tokenizer(models.WordLevel({f"w{i}": i for i in range(V)}, unk_token=None))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.save(os.path.join(folder, "tokenizer.json"))
+    with open(os.path.join(folder, "tokenizer_config.json"), "w") as f:
+        json.dump({"eos_token": "w0"}, f)
+    lm = DiscoLoopLM(folder, device="cpu", dtype="float32")
+    idx = torch.tensor([lm.tok_encode("w3 w5 w7 w9")])
+    assert lm.eot_token_id == 0 and idx.tolist() == [[3, 5, 7, 9]]
+    with torch.no_grad():
+        assert torch.equal(lm.model(idx)[0], GPT.from_pretrained(folder)(idx)[0])
