@@ -28,7 +28,7 @@ import sys
 import torch
 
 from checkpoint import load_checkpoint, model_from_checkpoint
-from common import ERRORS, ConfigError, DataError, die
+from common import ERRORS, ConfigError, DataError, die, replace_folder, tmp_name
 from configurator import FOLDER, configure
 from model import GPTConfig
 from tokenizer import WordVocab, to_hf_tokenizer, tokenizer_for
@@ -93,7 +93,7 @@ def check_out_dir(out_dir, overwrite):
 def make_tmp(out_dir):
     """The sibling folder the export is written into (then renamed): made now, so an out_dir that cannot be
     written fails in one line before the checkpoint is read."""
-    tmp = os.path.abspath(out_dir) + f".tmp-{os.getpid()}"
+    tmp = tmp_name(out_dir)
     try:
         shutil.rmtree(tmp, ignore_errors=True)
         os.makedirs(tmp)
@@ -151,11 +151,7 @@ def write_export(ckpt_path, out_dir, tmp, use_ema, transformers_version, save_fi
         tok_config |= {"bos_token": eos, "eos_token": eos}
     with open(os.path.join(tmp, "tokenizer_config.json"), "w") as f:
         json.dump(tok_config, f, indent=1)
-    old = os.path.abspath(out_dir) + f".old-{os.getpid()}"
-    if os.path.exists(out_dir):  # an earlier export (check_out_dir proved it): moved aside, then deleted
-        os.replace(out_dir, old)
-    os.replace(tmp, out_dir)
-    shutil.rmtree(old, ignore_errors=True)
+    replace_folder(tmp, out_dir)  # an earlier export (check_out_dir proved it) is moved aside, then deleted
     return out_dir
 
 
