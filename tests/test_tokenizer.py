@@ -55,8 +55,9 @@ def test_gpt2_ranks_offline_is_one_line(tmp_path, monkeypatch):
     assert "\n" not in str(e.value) and not os.path.exists(tmp_path / "gpt2.tiktoken")
 
 
-def test_pip_download_failure_is_one_line(tmp_path):
+def test_pip_download_failure_is_one_line(tmp_path, monkeypatch):
     from common import pip_download
+    monkeypatch.setenv("PIP_NO_INDEX", "1")  # no network in tests: pip answers at once that nothing matches
     with pytest.raises(DataError, match="could not download no-such-package-xyz==0.0.1") as e:
         pip_download("no-such-package-xyz==0.0.1", str(tmp_path), sdist=True)
     assert "\n" not in str(e.value)
