@@ -7,7 +7,6 @@ GPTConfig fields (`model_args`), the full training config, iteration, RNG states
 dataset's generating config. `torch.load(weights_only=True)` therefore suffices, so loading
 someone else's file cannot execute their code.
 """
-import json
 import os
 import shutil
 import zlib
@@ -17,7 +16,7 @@ import torch
 from common import CheckpointError, atomic_write, tmp_name
 from configurator import renamed
 from curriculum import joins_changed
-from model import GPT, PRETRAINED, GPTConfig
+from model import GPT, GPTConfig, pretrained_architecture
 
 
 def content_crc(obj, crc=0):
@@ -186,10 +185,7 @@ def load_branch(path, config):
     hf_config = os.path.join(path, "config.json")
     if os.path.isdir(path) and not os.path.exists(os.path.join(path, "ckpt.pt")) and os.path.isfile(hf_config):
         try:
-            with open(hf_config) as f:
-                kind = json.load(f).get("model_type")
-            with open(hf_config) as f:
-                arch = PRETRAINED[kind][1](json.load(f), hf_config) if kind in PRETRAINED else {}
+            kind, arch, _ = pretrained_architecture(path)
             keep = {k: v for k, v in config.items() if k in GPTConfig.defaults() and k not in arch}
             model = GPT.from_pretrained(path, **{**keep, "block_size": config["block_size"] or arch["block_size"]})
         except (OSError, ValueError, KeyError) as e:

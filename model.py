@@ -341,20 +341,7 @@ class GPT(nn.Module):
         overrides: GPTConfig keys other than the architecture's, e.g. recurrence='disco', n_loop=2 to loop the
         pretrained stack (default recurrence='loop', n_loop=1: the model as it was trained; 'none' gets K copies
         of the stack; DiscoLoop's ln_inj and gate start fresh), or a shorter block_size."""
-        import json
-        import os
-        if not os.path.isdir(folder):
-            raise FileNotFoundError(f"no pretrained model folder at '{folder}'")
-        path = os.path.join(folder, "config.json")
-        if not os.path.isfile(path):
-            raise FileNotFoundError(f"'{path}' not found: not a Hugging Face model folder")
-        with open(path) as f:
-            hf = json.load(f)
-        kind, archs = hf.get("model_type"), hf.get("architectures") or []
-        if kind not in PRETRAINED or any(a not in PRETRAINED[kind][0] for a in archs):
-            raise ValueError(f"model_type={kind!r} (architectures {archs}) is not supported by GPT.from_pretrained: "
-                             f"supported {', '.join(f'{k} ({a[0]})' for k, a in PRETRAINED.items())}")
-        args = PRETRAINED[kind][1](hf, path)
+        kind, args, path = pretrained_architecture(folder)
         bad = [k for k in overrides if k not in GPTConfig.defaults()]
         if bad:
             raise ValueError(f"{bad[0]!r} is not a GPTConfig key")
@@ -633,6 +620,25 @@ class GPT(nn.Module):
 
 
 # ---- Hugging Face checkpoints (GPT.from_pretrained) ------------------------------------------------------------
+def pretrained_architecture(folder):
+    """(model_type, {GPTConfig key: value} of the architecture, config.json's path) of a Hugging Face folder: the keys
+    its weights fix (the rest, e.g. the recurrence, are the caller's). One-line errors for what is not supported."""
+    import json
+    import os
+    if not os.path.isdir(folder):
+        raise FileNotFoundError(f"no pretrained model folder at '{folder}'")
+    path = os.path.join(folder, "config.json")
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"'{path}' not found: not a Hugging Face model folder")
+    with open(path) as f:
+        hf = json.load(f)
+    kind, archs = hf.get("model_type"), hf.get("architectures") or []
+    if kind not in PRETRAINED or any(a not in PRETRAINED[kind][0] for a in archs):
+        raise ValueError(f"model_type={kind!r} (architectures {archs}) is not supported by GPT.from_pretrained: "
+                         f"supported {', '.join(f'{k} ({a[0]})' for k, a in PRETRAINED.items())}")
+    return kind, PRETRAINED[kind][1](hf, path), path
+
+
 def _tile_copies(ours, n, copies):
     """One stack's weights for every untied copy (recurrence='none': each copy starts as the pretrained stack)."""
     full = {}
