@@ -25,7 +25,7 @@ from tqdm import tqdm
 import train_config
 from checkpoint import (keep_copy, load_branch, load_branch_weights, load_for_resume, restore_training,
                         save_checkpoint, strip_compile_prefix)
-from common import (DTYPES, ERRORS, any_rank, autocast, cached_cpu_dtype, cpu_has_bf16_flag, die, model_step_timer, pick_cpu_dtype,
+from common import (DTYPES, ERRORS, any_rank, autocast, cached_cpu_dtype, cpu_has_bf16_flag, die, model_step_timer, out_of_memory, pick_cpu_dtype,
                     rank0_decides, resolve_device, resolve_dtype, stop_on_signals)
 from configurator import configure
 from curriculum import rule_metrics
@@ -347,7 +347,7 @@ while True:
         try:
             loss_sum += forward_backward(model, x, y, loops, ctx, scaler, accum_local, ddp and not last_micro, sparse)
         except Exception as e:  # the first step compiles: say why it failed, then run eager
-            if isinstance(e, torch.OutOfMemoryError) or "can't allocate memory" in str(e):
+            if out_of_memory(e):  # common.py's one test of an allocation failure, with the step's own advice
                 die(f"out of memory in the training step (batch_size={batch_size} x block_size={block_size} "
                     "per micro-step): lower batch_size and raise gradient_accumulation_steps, or set "
                     "activation_checkpointing='block'")
