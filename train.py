@@ -25,8 +25,8 @@ from tqdm import tqdm
 import train_config
 from checkpoint import (keep_copy, load_branch, load_branch_weights, load_for_resume, restore_training,
                         save_checkpoint, strip_compile_prefix)
-from common import (DTYPES, ERRORS, any_rank, autocast, cached_cpu_dtype, cpu_has_bf16_flag, die, model_step_timer, out_of_memory, pick_cpu_dtype,
-                    rank0_decides, resolve_device, resolve_dtype, stop_on_signals)
+from common import (DTYPES, ERRORS, any_rank, autocast, cached_cpu_dtype, cpu_has_bf16_flag, die, model_step_timer,
+                    out_of_memory, pick_cpu_dtype, rank0_decides, resolve_device, resolve_dtype, stop_on_signals)
 from configurator import configure
 from curriculum import rule_metrics
 from dataloader import open_data, prepare_weights
