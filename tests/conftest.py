@@ -1,7 +1,10 @@
+import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 
 import pytest
 
@@ -21,10 +24,53 @@ TINY_MODEL = ["--n_layer=1", "--n_head=2", "--n_embd=32", "--batch_size=64", "--
               "--stop_metric="]  # tests choose their own length; test_train.py tests early stopping
 
 
-def run(args, cwd=REPO, timeout=300, env=None):
-    """Run a repo script in a subprocess; returns CompletedProcess with text output."""
+def run(args, cwd=REPO, timeout=300, env=None, fresh=False):
+    """Run a repo script as its own process; returns CompletedProcess with text output. A script (not -m, -c) is
+    forked from tests/zygote.py, which has torch imported already. fresh=True (tests of determinism across
+    processes: forks share one string-hash seed) or DISCOLOOP_TEST_FORK=0 (all) start a new interpreter."""
     e = dict(os.environ, OMP_NUM_THREADS="1", **(env or {}))
-    return subprocess.run([sys.executable] + args, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=e)
+    if (fresh or args[0].startswith("-") or os.environ.get("DISCOLOOP_TEST_FORK") == "0"
+            or not _ZYGOTE_LOCK.acquire(False)):
+        return subprocess.run([sys.executable] + args, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=e)
+    try:
+        return _forked(args, str(cwd), timeout, e)
+    finally:
+        _ZYGOTE_LOCK.release()
+
+
+_ZYGOTE = []
+_ZYGOTE_LOCK = threading.Lock()
+
+
+def _forked(args, cwd, timeout, env):
+    if not _ZYGOTE or _ZYGOTE[0].poll() is not None:
+        _ZYGOTE[:] = [subprocess.Popen([sys.executable, os.path.join(REPO, "tests", "zygote.py")], cwd=REPO,
+                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                       env=dict(os.environ, OMP_NUM_THREADS="1"))]
+    z = _ZYGOTE[0]
+    with tempfile.TemporaryDirectory(prefix="discoloop-run-") as d:
+        out, err = os.path.join(d, "out"), os.path.join(d, "err")
+        z.stdin.write(json.dumps({"args": args, "cwd": cwd, "env": env, "out": out, "err": err}) + "\n")
+        z.stdin.flush()
+        pid = json.loads(z.stdout.readline())["pid"]
+        killed = []
+        timer = threading.Timer(timeout, lambda: (killed.append(pid), _kill(pid)))
+        timer.start()
+        try:
+            rc = json.loads(z.stdout.readline())["rc"]
+        finally:
+            timer.cancel()
+        stdout, stderr = open(out).read(), open(err).read()
+    if killed:
+        raise subprocess.TimeoutExpired([sys.executable] + args, timeout, stdout, stderr)
+    return subprocess.CompletedProcess([sys.executable] + args, rc, stdout, stderr)
+
+
+def _kill(pid):
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:  # it ended as the timer fired
+        pass
 
 
 def prepared(tmp_path_factory, script, args):

@@ -86,7 +86,7 @@ def test_same_seed_byte_identical_other_seed_differs(tmp_path):
     args = ["--n_entities=50", "--n_relations=10", "--out_degree=5", "--n_train=500", "--n_test=100", "--n_val=100"]
     outs = [str(tmp_path / n) for n in ("a", "b", "c")]
     for out, seed in zip(outs, (3, 3, 4)):
-        assert run(["data/symbolic/prepare.py", f"--out_dir={out}", f"--seed={seed}"] + args).returncode == 0
+        assert run(["data/symbolic/prepare.py", f"--out_dir={out}", f"--seed={seed}"] + args, fresh=True).returncode == 0
     names = sorted(os.listdir(outs[0]))
     match, mismatch, _ = filecmp.cmpfiles(outs[0], outs[1], names, shallow=False)
     assert match == names and not mismatch
