@@ -276,6 +276,12 @@ DEFAULTS = dict(
     device="auto",    # 'auto' | 'cpu' | 'cuda' (common.py's rule)
     dtype="float32",  # probes measure: fp32 unless asked; 'auto' = common.py's rule, 'bfloat16'
 )
+CHECKPOINT_KEYS = {"ckpt", "data_dir", "json", "raw", "threads", "device", "dtype"}
+USES = {"acc": CHECKPOINT_KEYS | {"n_loop"}, "lens": CHECKPOINT_KEYS, "gate": CHECKPOINT_KEYS,
+        "sweep": CHECKPOINT_KEYS | {"norm", "alphas", "png"},
+        "plot": {"png", "json", "stop_metric", "stop_patience", "at_epoch", "hops", "threads"}}
+
+
 def loop_counts(text):
     """acc's --n_loop: comma-separated integers >= 1, or '' (1..K+1)."""
     return text == "" or all(p.strip().isdigit() and int(p) >= 1 for p in text.split(","))
@@ -313,6 +319,10 @@ def parse_args(argv):
         a = configure(DEFAULTS, [x for x in rest if x not in dirs], f"probe.py {cmd}: {COMMANDS[cmd]}", __file__, CHECKS)
     except ConfigError as e:
         die(e)
+    given = {x[2:].split("=")[0] for x in rest if x.startswith("--") and x[2:].split("=")[0] in DEFAULTS}
+    if given - USES[cmd]:  # silently ignored, a key would look applied (e.g. --norm on acc)
+        die(f"{', '.join('--' + k for k in sorted(given - USES[cmd]))} does not apply to probe.py {cmd}: allowed "
+            f"{', '.join('--' + k for k in sorted(USES[cmd]))}")
     if cmd == "plot" and not dirs:
         die("plot needs one or more run folders")
     if cmd != "plot" and not a["ckpt"]:

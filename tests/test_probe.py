@@ -244,3 +244,11 @@ def test_a_token_shard_data_dir_is_named(tiny_ckpts, tmp_path):
                 "--data_files=synthetic:web", "--weights=1", "--max_tokens=2000", "--val_tokens=500"]).returncode == 0
     r = run(["probe.py", "acc", f"--ckpt={tiny_ckpts['loop']}", f"--data_dir={shards}"])
     assert r.returncode == 2 and f"data_dir='{shards}' is not a question-answer dataset" in r.stderr
+
+
+def test_a_key_of_another_command_is_one_line(tiny_ckpts):
+    """--norm means nothing to acc, --raw nothing to plot: accepted silently, they would look applied."""
+    for args, needle in [(["acc", f"--ckpt={tiny_ckpts['loop']}", "--norm=unit"], "--norm does not apply to probe.py acc"),
+                         (["plot", tiny_ckpts["loop"], "--raw=True"], "--raw does not apply to probe.py plot")]:
+        r = run(["probe.py", *args])
+        assert r.returncode == 2 and needle in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
