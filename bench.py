@@ -415,6 +415,8 @@ def sample_main(argv):
         seconds[use_cache] = time.perf_counter() - t
     print(f"{model.rec.label}, K={c['n_loop']}, {c['n_layer']} layers, d={c['n_embd']}, V={c['vocab_size']}: "
           f"{c['new_tokens']} new tokens after a {c['prompt']}-token prompt, fp32, threads {torch.get_num_threads()}")
+    if model.config.block_size > c["block_size"]:  # random weights: a longer context costs only positions, but say so
+        print(f"block_size raised from the config's {c['block_size']} to {model.config.block_size} = prompt + new_tokens")
     print(table(["generate", "seconds", "new tokens/s", "speed-up"],
                 [[name, round(seconds[uc], 3), round(c["new_tokens"] / seconds[uc], 1), round(seconds[False] / seconds[uc], 2)]
                  for name, uc in (("with the (loop, layer) cache", True), ("without (whole prefix every token)", False))]))

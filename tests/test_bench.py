@@ -33,6 +33,10 @@ def test_bench_sample_reports_the_cache_speedup():
              "--n_layer=1", "--new_tokens=8", "--prompt=4", "--threads=1"])
     assert r.returncode == 0, r.stderr[-2000:]
     assert "| with the (loop, layer) cache |" in r.stdout and "| without (whole prefix every token) |" in r.stdout
+    assert "block_size raised" not in r.stdout
+    r = run(["bench.py", "sample", "config/pretrain_tiny.py", "--vocab_size=64", "--n_embd=32", "--n_head=2",
+             "--n_layer=1", "--new_tokens=8", "--prompt=4", "--threads=1", "--block_size=10"])
+    assert r.returncode == 0 and "block_size raised from the config's 10 to 12" in r.stdout, r.stderr[-2000:]
     r = run(["bench.py", "sample"])
     assert r.returncode == 2 and "needs a training config file" in r.stderr
 
