@@ -34,6 +34,10 @@ def run(args, cwd=REPO, timeout=300, env=None, fresh=False):
         return subprocess.run([sys.executable] + args, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=e)
     try:
         return _forked(args, str(cwd), timeout, e)
+    except (OSError, ValueError, KeyError):  # the zygote died or its protocol broke: drop it, run this one fresh
+        if _ZYGOTE:
+            _ZYGOTE.pop().kill()
+        return subprocess.run([sys.executable] + args, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=e)
     finally:
         _ZYGOTE_LOCK.release()
 

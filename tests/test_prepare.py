@@ -115,7 +115,7 @@ def test_validation_split_changes_no_other_split(tmp_path):
             "--max_hops=3", "--eval_hops=4"]
     a, b = str(tmp_path / "a"), str(tmp_path / "b")
     assert run(["data/symbolic/prepare.py", f"--out_dir={a}", "--n_val=0"] + args).returncode == 0
-    assert run(["data/symbolic/prepare.py", f"--out_dir={b}", "--n_val=80"] + args).returncode == 0
+    assert run(["data/symbolic/prepare.py", f"--out_dir={b}", "--n_val=80"] + args, fresh=True).returncode == 0
     old, new = sorted(os.listdir(a)), sorted(os.listdir(b))
     assert set(new) - set(old) == {"val_id.txt", "val_id_3hop.txt"}
     names = [n for n in old if n != "meta.json"]

@@ -92,7 +92,7 @@ def test_eval_only_after_an_abandoned_evaluation_changes_nothing(tiny_data, tmp_
     rules read only the run's rows) and end as the uninterrupted run did."""
     live, cut = str(tmp_path / "live"), str(tmp_path / "cut")
     args = ["--eval_interval=10", "--split_join={'train_id': 'acc/val_id>=0.0'}"]
-    assert run(tiny_train_args(tiny_data, live, "--max_iters=20", *args)).returncode == 0
+    assert run(tiny_train_args(tiny_data, live, "--max_iters=20", *args), fresh=True).returncode == 0
     assert run(tiny_train_args(tiny_data, cut, "--max_iters=10", *args)).returncode == 0
     with open(os.path.join(cut, "metrics.jsonl")) as f:
         kept = f.readlines()[:-1]  # the evaluation at 10 abandoned: as a stop during it leaves the folder

@@ -37,8 +37,11 @@ def child(req):
     except SystemExit as e:  # as the interpreter does: None is 0, an int is itself, anything else is printed, 1
         code = 0 if e.code is None else e.code if isinstance(e.code, int) else (print(e.code, file=sys.stderr), 1)[1]
     except BaseException:  # noqa: BLE001  (the script's own excepthook decides what is printed)
-        sys.excepthook(*sys.exc_info())
-        code = 1
+        try:
+            sys.excepthook(*sys.exc_info())
+            code = 1
+        except SystemExit as e:  # common.py's hook ends an out-of-memory error with die(): exit 2
+            code = e.code if isinstance(e.code, int) else 1
     for t in threading.enumerate():  # the interpreter joins non-daemon threads before exiting
         if t is not threading.main_thread() and not t.daemon:
             t.join()
@@ -54,7 +57,10 @@ def main():
         sys.stdout.flush()
         pid = os.fork()
         if pid == 0:
-            child(req)
+            try:
+                child(req)
+            finally:  # a child never returns into this loop, whatever failed in its setup
+                os._exit(70)
         print(json.dumps({"pid": pid}), flush=True)
         _, status = os.waitpid(pid, 0)
         rc = os.WEXITSTATUS(status) if os.WIFEXITED(status) else -os.WTERMSIG(status)
