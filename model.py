@@ -17,7 +17,9 @@ per_loop_norm (Ouro's modeling_ouro.py): ln_f is applied to every loop's output 
 feeds the next loop; the head and Phi then read that state as it is (no second norm). DiscoLoop's
 order is then: h = ln_f(f(H~)), Phi(h), H~ = h + a * RMSNorm(Phi(h)).
 """
+import json
 import math
+import os
 from dataclasses import dataclass, fields
 
 import torch
@@ -623,8 +625,6 @@ class GPT(nn.Module):
 def pretrained_architecture(folder):
     """(model_type, {GPTConfig key: value} of the architecture, config.json's path) of a Hugging Face folder: the keys
     its weights fix (the rest, e.g. the recurrence, are the caller's). One-line errors for what is not supported."""
-    import json
-    import os
     if not os.path.isdir(folder):
         raise FileNotFoundError(f"no pretrained model folder at '{folder}'")
     path = os.path.join(folder, "config.json")
@@ -653,8 +653,6 @@ def _tile_copies(ours, n, copies):
 
 def read_hf_weights(folder):
     """{name: tensor} of a Hugging Face folder's weights and the file(s) they came from (for messages)."""
-    import json
-    import os
     for index, load in (("model.safetensors.index.json", "safetensors"), ("pytorch_model.bin.index.json", "bin")):
         path = os.path.join(folder, index)
         if os.path.isfile(path):

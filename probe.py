@@ -316,9 +316,9 @@ def parse_args(argv):
     cmd, rest = argv[0], argv[1:]
     dirs = [x for x in rest if not x.startswith("-")] if cmd == "plot" else []
     # before configure: its checks would judge a refused key's value, and may make a --png/--json folder
-    given = {x[2:].split("=")[0] for x in rest if x.startswith("--") and x[2:].split("=")[0] in DEFAULTS}
-    if given - USES[cmd]:  # silently ignored, a key would look applied (e.g. --norm on acc)
-        die(f"{', '.join('--' + k for k in sorted(given - USES[cmd]))} does not apply to probe.py {cmd}: allowed "
+    foreign = {x[2:].split("=")[0] for x in rest if x.startswith("--")} & set(DEFAULTS) - USES[cmd]
+    if foreign:  # silently ignored, a key would look applied (e.g. --norm on acc)
+        die(f"{', '.join('--' + k for k in sorted(foreign))} does not apply to probe.py {cmd}: allowed "
             f"{', '.join('--' + k for k in sorted(USES[cmd]))}")
     try:
         a = configure(DEFAULTS, [x for x in rest if x not in dirs], f"probe.py {cmd}: {COMMANDS[cmd]}", __file__, CHECKS)

@@ -29,17 +29,16 @@ def run(args, cwd=REPO, timeout=300, env=None, fresh=False):
     forked from tests/zygote.py, which has torch imported already. fresh=True (tests of determinism across
     processes: forks share one string-hash seed) or DISCOLOOP_TEST_FORK=0 (all) start a new interpreter."""
     e = dict(os.environ, OMP_NUM_THREADS="1", **(env or {}))
-    if (fresh or args[0].startswith("-") or os.environ.get("DISCOLOOP_TEST_FORK") == "0"
-            or not _ZYGOTE_LOCK.acquire(False)):
-        return subprocess.run([sys.executable] + args, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=e)
-    try:
-        return _forked(args, str(cwd), timeout, e)
-    except (OSError, ValueError, KeyError):  # the zygote died or its protocol broke: drop it, run this one fresh
-        if _ZYGOTE:
-            _ZYGOTE.pop().kill()
-        return subprocess.run([sys.executable] + args, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=e)
-    finally:
-        _ZYGOTE_LOCK.release()
+    if (not fresh and not args[0].startswith("-") and os.environ.get("DISCOLOOP_TEST_FORK") != "0"
+            and _ZYGOTE_LOCK.acquire(False)):
+        try:
+            return _forked(args, str(cwd), timeout, e)
+        except (OSError, ValueError, KeyError):  # the zygote died or its protocol broke: drop it, run this one fresh
+            if _ZYGOTE:
+                _ZYGOTE.pop().kill()
+        finally:
+            _ZYGOTE_LOCK.release()
+    return subprocess.run([sys.executable] + args, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=e)
 
 
 _ZYGOTE = []
