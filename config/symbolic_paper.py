@@ -9,10 +9,9 @@
 #   python train.py config/symbolic_paper.py --recurrence=none --out_dir=out/paper_flat
 # config/symbolic.py stays the fast default (DiscoLoop at 0.99 / 0.95 in about 150 epochs).
 # The realignment's lift (Fig. 2) fades as this cosine decays (0.8965 at epoch 1,250, 0.627 at 2,000); holding the lr
-# from epoch 1,000 on keeps it (0.929 at 1,500). That recipe is two commands, measured (RESULTS.md, arm P3):
-#   python train.py config/symbolic_paper.py --max_iters=39000 --out_dir=out/paper_loop     # epochs 0-1,000, as here
-#   python train.py config/symbolic_paper.py --init_from=out/paper_loop --learning_rate=1.6555e-3 --decay_lr=False \
-#       --max_iters=39000 --out_dir=out/paper_loop_const                                    # epochs 1,000-2,000
+# from epoch 1,000 on keeps it (seed 0: 0.9595 at epoch 2,000). That recipe (RESULTS.md, arm P3) is two commands:
+#   python train.py config/symbolic_paper.py --max_iters=39000      # epochs 0-1,000, as here
+#   python train.py config/symbolic_paper_hold.py                   # epochs 1,000-2,000, the lr held
 # config/symbolic.py, as it is ...
 out_dir = "out/symbolic"
 dataset = "symbolic"
