@@ -53,7 +53,7 @@ grad_clip = 1.0              # 0 disables
 muon_momentum = 0.95         # Muon momentum
 ema_decay = 0.0              # > 0: also keep an exponential moving average of the weights; evaluation and probes use it
 # learning-rate schedule: linear warmup, then cosine/linear decay to min_lr at lr_decay_iters
-decay_lr = True              # False = constant learning rate after warmup
+decay_lr = True              # False = constant learning rate, no warmup (as nanoGPT); warmup then constant: min_lr = learning_rate
 lr_schedule = "cosine"       # 'cosine' | 'linear'
 warmup_iters = 200           # linear warmup iterations
 lr_decay_iters = 17550       # the cosine is laid out over 450 epochs

@@ -21,7 +21,7 @@ label_smoothing = 0.0
 recurrence = "loop"
 n_loop = 2
 learning_rate = 1e-4
-decay_lr = False
+decay_lr = True             # with min_lr = learning_rate: warmup, then constant (decay_lr=False skips the warmup)
 min_lr = 1e-4
 warmup_iters = 2000
 weight_decay = 0.1

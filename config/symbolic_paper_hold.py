@@ -1,11 +1,13 @@
 # The paper's regime, second stage (RESULTS.md, arm P3): the vanilla loop of config/symbolic_paper.py branched at
 # epoch 1,000 with the learning rate held at the value its cosine has there (1.6555e-3) instead of decaying it. Under
 # the cosine the realignment's lift fades (0.8965 at epoch 1,250, 0.627 at 2,000); held, it rises (seed 0: 0.9595 at
-# alpha 0.7 at epoch 2,000, all six of the criteria; seed 1: 0.8925). The branch starts fresh AdamW moments
-# after a 200-step warmup, and continues the source's weights and weight average. The recipe is two commands:
+# alpha 0.7 at epoch 2,000, all six of the criteria; seed 1: 0.8925 there, 0.978 at 2,500 with
+# --max_iters=58500). The branch starts fresh AdamW moments at the full lr from its first step (decay_lr=False has no
+# warmup), and continues the source's weights and weight average. The recipe is two commands:
 #   python train.py config/symbolic_paper.py --max_iters=39000        # epochs 0-1,000 (out/paper_loop)
 #   python train.py config/symbolic_paper_hold.py                     # epochs 1,000-2,000 (out/paper_loop_const)
-# A second seed passes the same --seed/--data_dir/--data_args to both. --max_iters=78000 goes on to epoch 3,000.
+# A second seed passes the same --seed/--data_dir/--data_args to both, its own --out_dir to both and that folder's
+# ckpt_39000.pt as --init_from to the second. --max_iters=78000 goes on to epoch 3,000.
 # config/symbolic.py, as it is ...
 out_dir = "out/symbolic"
 dataset = "symbolic"
@@ -38,7 +40,7 @@ keep_every = 19500                   # a checkpoint every 500 epochs, for the pr
 stop_metric = ""                     # the paper's state is a point on the way, not an end chosen by validation
 stage1_splits = "all"
 # ... and the branch's changes:
-init_from = "out/paper_loop"         # the weights of config/symbolic_paper.py at --max_iters=39000 (epoch 1,000)
+init_from = "out/paper_loop/ckpt_39000.pt"  # config/symbolic_paper.py's kept copy at epoch 1,000 (either horizon)
 out_dir = "out/paper_loop_const"
 learning_rate = 1.6555e-3            # the 2,000-epoch cosine's value at epoch 1,000, held
 decay_lr = False
