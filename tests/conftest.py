@@ -89,7 +89,9 @@ def tiny_data(tmp_path_factory):
     return prepared(tmp_path_factory, "data/symbolic/prepare.py", TINY_DATA)
 
 
+TINY_DATA_ARGS = {a[2:].split("=")[0]: int(a.split("=")[1]) for a in TINY_DATA}  # train.py's data_args for TINY_DATA
+
+
 def tiny_train_args(data_dir, out_dir, *extra):
-    prep = {a[2:].split("=")[0]: int(a.split("=")[1]) for a in TINY_DATA}
     return (["train.py", "config/symbolic.py", f"--data_dir={data_dir}", f"--out_dir={out_dir}",
-             f"--data_args={prep}"] + TINY_MODEL + list(extra))
+             f"--data_args={TINY_DATA_ARGS}"] + TINY_MODEL + list(extra))

@@ -1,11 +1,12 @@
 """probe.py on a tiny checkpoint trained inside the test."""
 import json
 import os
+import subprocess
 
 import pytest
 import torch
 
-from conftest import run, tiny_train_args
+from conftest import REPO, TINY_DATA_ARGS, TINY_MODEL, run, tiny_train_args
 
 
 @pytest.fixture(scope="module")
@@ -257,12 +258,9 @@ def test_a_key_of_another_command_is_one_line(tiny_ckpts):
 def test_gpu_symbolic_script_dry_runs_on_cpu(tiny_data, tmp_path):
     """.ci/gpu_symbolic.sh, the anchors' recipe for a lent GPU, runs end to end on the CPU with a tiny model: train,
     then Table 1 and Fig. 2's probes on the kept and the last checkpoint, each exiting 0."""
-    import subprocess
-    from conftest import REPO, TINY_DATA, TINY_MODEL
-    prep = {a[2:].split("=")[0]: int(a.split("=")[1]) for a in TINY_DATA}
     out = tmp_path / "gpu"
     env = dict(os.environ, OUT=str(out), DEVICE="cpu", TRAIN_S="240", OMP_NUM_THREADS="1")
-    r = subprocess.run(["bash", ".ci/gpu_symbolic.sh", f"--data_dir={tiny_data}", f"--data_args={prep}", *TINY_MODEL,
+    r = subprocess.run(["bash", ".ci/gpu_symbolic.sh", f"--data_dir={tiny_data}", f"--data_args={TINY_DATA_ARGS}", *TINY_MODEL,
                         "--dropout=0.0", "--max_iters=6", "--keep_every=4", "--eval_interval=4", "--warmup_iters=2"],
                        cwd=REPO, env=env, capture_output=True, text=True, timeout=280)
     summary = (out / "summary.txt").read_text()
