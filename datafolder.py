@@ -1,12 +1,13 @@
 """
-Prepared data folders: what a folder is, whether a script may touch it, and the prepare scripts.
+Folders: whose a folder is, whether a script may write into it, and the prepare scripts' data folders.
 
-Every folder's meta.json names its `kind` ('qa': question-answer splits, tasks.py; 'tokens': token
-shards, shards.py; 'tasks': lm-eval task YAMLs, data/benchmarks) and its `generator` (the data/<generator>/prepare.py that made it) with that
-script's `config`. The rule every prepare script follows: it deletes or rewrites only a folder it can
-prove it made, i.e. same kind, same generator, same config. Anything else is one line and stays
-untouched. Folders written before meta.json named kind and generator are recognized by their config
-keys (exactly this generator's, less keys added since).
+The one rule (owner/claim): a script writes only into a folder that is absent, empty, or provably its own. What a
+folder is, is read from what it holds: meta.json = a prepared folder (its `kind`: 'qa' question-answer splits,
+tasks.py; 'tokens' token shards, shards.py; 'tasks' lm-eval task YAMLs; 'model' pretrained weights; and its
+`generator`, the data/<generator>/prepare.py that made it, with that script's `config`); a config.json of
+model_type 'discoloop' = an export_hf.py folder; any other config.json, weights or tokenizer files = a Hugging Face
+(or someone's) model; a config.json that train.py wrote, a checkpoint, metrics.jsonl or run.lock = a run folder.
+Anything else is nobody's we know, and is left untouched.
 """
 import contextlib
 import fcntl
@@ -16,6 +17,8 @@ import os
 from common import DataError
 
 KINDS = ("qa", "tokens", "tasks", "model")  # tasks: lm-eval task YAMLs (data/benchmarks); model: pretrained weights (data/smollm2)
+RUN_FILES = ("ckpt.pt", "metrics.jsonl", "run.lock")  # any of these (or train.py's config.json) makes a run folder
+MODEL_FILES = (".safetensors", ".bin", ".gguf", ".pt", "tokenizer.json", "tokenizer_config.json")  # a model's files
 
 
 def read_meta(data_dir):
@@ -34,57 +37,97 @@ def read_meta(data_dir):
 
 
 def kind_of(meta):
-    """'qa' or 'tokens'; folders from before meta.json named it are told apart by their contents."""
-    kind = meta.get("kind") or ("qa" if "vocab" in meta or "splits" in meta else "tokens")  # older folders
+    """The folder's kind, as its meta.json names it."""
+    kind = meta.get("kind")
     if kind not in KINDS:
-        raise DataError(f"meta.json names kind={kind!r}: allowed {KINDS}")
+        raise DataError(f"meta.json names kind={kind!r}: allowed {KINDS} (a folder prepared before meta.json named "
+                        "its kind: prepare it again)")
     return kind
 
 
-def generator_of(meta, generators_keys):
-    """The generator that made a folder: meta['generator'], or for an older folder the one of
-    `generators_keys` ({name: (keys, keys added since)}) whose config keys it has exactly."""
-    if "generator" in meta:
-        return meta["generator"]
-    have = set(meta.get("config", {}))
-    for name, (keys, added) in generators_keys.items():
-        if have <= set(keys) and set(keys) - have <= set(added):
-            return name
-    return None
+def _json_object(path):
+    try:
+        with open(path, "rb") as f:
+            obj = json.loads(f.read().decode("utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    return obj if isinstance(obj, dict) else None
+
+
+def _run_file(name):
+    return name in RUN_FILES or name == "config.json" or (name.startswith("ckpt_") and name.endswith(".pt"))
+
+
+def owner(path):
+    """Who wrote the folder at path: None (absent or empty), 'train.py', 'export_hf.py', 'data/<generator>/prepare.py',
+    or a description of someone else's ('a Hugging Face model', 'unknown files such as ...'). A file, or a path
+    under a file, is a DataError."""
+    above = os.path.abspath(path)
+    while not os.path.exists(above):
+        above = os.path.dirname(above)
+    if not os.path.isdir(above):
+        raise DataError(f"'{path}' is {'a file' if above == os.path.abspath(path) else f'under {above!r}, a file'}, "
+                        "not a folder: choose a folder")
+    if not os.path.isdir(path) or not os.listdir(path):
+        return None
+    names = set(os.listdir(path))
+    if "meta.json" in names:
+        meta = _json_object(os.path.join(path, "meta.json")) or {}
+        gen = meta.get("generator")
+        return f"data/{gen}/prepare.py" if isinstance(gen, str) and gen else "an unknown prepared folder (meta.json)"
+    config = _json_object(os.path.join(path, "config.json")) if "config.json" in names else None
+    if config is not None and config.get("model_type") == "discoloop":
+        return "export_hf.py"
+    if config is not None and "init_from" in config and "out_dir" in config:  # train.py's record (runlog.RunLog)
+        return "train.py"
+    if "config.json" in names or any(n.endswith(MODEL_FILES) and n not in RUN_FILES and not n.startswith("ckpt")
+                                     for n in names):
+        return "a Hugging Face model (config.json, weights or tokenizer files)"
+    if any(_run_file(n.split(".tmp-")[0]) for n in names):  # its files, or their temp files (common.tmp_name)
+        return "train.py"
+    return f"unknown files such as {sorted(names)[0]!r}"
+
+
+def claim(path, writer, key="out_dir"):
+    """The one rule: `writer` may write into path only if it is absent, empty or the writer's own; otherwise one line
+    naming what the folder is, and nothing is touched. Returns True if the folder already holds the writer's work."""
+    who = owner(path)
+    if who is not None and who != writer:
+        kind = (_json_object(os.path.join(path, "meta.json")) or {}).get("kind")
+        what = f"{kind!r} data made by {who}" if who.startswith("data/") else \
+            f"a folder made by {who}" if who.endswith(".py") else who
+        raise DataError(f"{key}={path!r} holds {what}, not "
+                        f"{writer}'s: {writer} writes only into an absent, empty or its own folder; left untouched, "
+                        "choose another folder")
+    return who is not None
 
 
 def check_ours(out_dir, kind, generator, config, keys, added=()):
-    """May `generator` (writing `kind` folders from `config`) use out_dir? 'absent' (make it), 'same'
-    (made by it with this config), 'upgrade' (made by it with this config before a key in `added` existed);
-    otherwise a DataError naming what the folder is, and nothing is touched."""
-    if not os.path.exists(out_dir):
+    """May data/<generator>/prepare.py (writing `kind` folders from `config`) use out_dir? 'absent' (make it),
+    'same' (made by it with this config), 'upgrade' (made by it with this config before a key in `added` existed);
+    otherwise a DataError naming what the folder is (claim), and nothing is touched."""
+    if not claim(out_dir, f"data/{generator}/prepare.py"):
         return "absent"
-    if not os.path.isdir(out_dir):
-        raise DataError(f"'{out_dir}' is a file, not a data folder")
-    if not os.path.exists(os.path.join(out_dir, "meta.json")):
-        if not os.listdir(out_dir):
-            return "absent"
-        raise DataError(f"'{out_dir}' exists and is not a prepared dataset (no meta.json): left untouched; "
-                        "choose another folder or empty it")
     meta = read_meta(out_dir)
-    have_kind = kind_of(meta)
-    made_by = generator_of(meta, {generator: (keys, added)})
-    if have_kind != kind or made_by != generator:
-        raise DataError(f"'{out_dir}' holds a {have_kind!r} dataset made by {made_by or 'another generator'}, "
-                        f"not by data/{generator}/prepare.py: left untouched; choose another folder")
+    if kind_of(meta) != kind:
+        raise DataError(f"'{out_dir}' holds {kind_of(meta)!r} data, not {kind!r}: left untouched; choose another folder")
     have = meta.get("config", {})
     for k in keys:
         if k in have and have[k] != config[k]:
             raise DataError(f"'{out_dir}' was prepared with {k}={have[k]!r}, not {config[k]!r}: left untouched; "
                             "delete it or choose another folder")
     missing = [k for k in keys if k not in have]
-    return "upgrade" if missing or "generator" not in meta else "same"
+    if set(missing) - set(added):
+        raise DataError(f"'{out_dir}' was prepared without {sorted(set(missing) - set(added))[0]!r}: left untouched; "
+                        "delete it or choose another folder")
+    return "upgrade" if missing else "same"
 
 
 @contextlib.contextmanager
 def prepare_lock(out_dir):
     """Two processes preparing one folder take turns: an exclusive lock on the parent folder (the
     data folder itself is replaced by a rename), released by the kernel if the holder dies."""
+    owner(out_dir)  # a path under a file is one line here, not FileExistsError from makedirs
     parent = os.path.dirname(os.path.abspath(out_dir))
     os.makedirs(parent, exist_ok=True)
     fd = os.open(parent, os.O_RDONLY)

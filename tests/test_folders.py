@@ -62,9 +62,8 @@ def test_other_generators_leave_a_symbolic_folder_alone(tiny_data, tmp_path):
     assert snapshot(copy) == before
 
 
-def test_folders_from_before_kind_are_recognized_by_their_keys(tiny_data, tmp_path):
-    """A symbolic folder written before meta.json named kind/generator: nl refuses it (its keys are not
-    nl's), symbolic recognizes it as its own and rewrites it with the same splits."""
+def test_folders_from_before_kind_are_refused(tiny_data, tmp_path):
+    """A folder written before meta.json named kind/generator (retired inference): one line, untouched."""
     copy = str(tmp_path / "old")
     shutil.copytree(tiny_data, copy)
     path = os.path.join(copy, "meta.json")
@@ -73,21 +72,46 @@ def test_folders_from_before_kind_are_recognized_by_their_keys(tiny_data, tmp_pa
     del meta["kind"], meta["generator"]
     with open(path, "w") as f:
         json.dump(meta, f)
-    refused(run(["data/nl/prepare.py", f"--out_dir={copy}"] + TINY_DATA), "left untouched")
-    splits = {k: v for k, v in snapshot(copy).items() if k != "meta.json"}
-    r = run(["data/symbolic/prepare.py", f"--out_dir={copy}"] + TINY_DATA)
-    assert r.returncode == 0, r.stderr
-    assert {k: v for k, v in snapshot(copy).items() if k != "meta.json"} == splits
-    with open(path) as f:
-        assert json.load(f)["generator"] == "symbolic"
+    before = snapshot(copy)
+    refused(run(["data/symbolic/prepare.py", f"--out_dir={copy}"] + TINY_DATA), "left untouched")
+    assert snapshot(copy) == before
+
+
+def foreign_folders(root, tiny_data):
+    """A Hugging Face model, a prepared model folder, an export and a dataset: folders train.py did not write."""
+    hf, model, export = root / "hf", root / "smollm2", root / "export"
+    for folder, config in ((hf, {"model_type": "llama"}), (model, {"model_type": "llama"}),
+                           (export, {"model_type": "discoloop"})):
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps(config))
+        (folder / "model.safetensors").write_bytes(b"weights")
+    (model / "meta.json").write_text(json.dumps({"kind": "model", "generator": "smollm2", "config": {}}))
+    data = root / "data"
+    shutil.copytree(tiny_data, data)
+    return {"a Hugging Face model": hf, "data/smollm2/prepare.py": model, "export_hf.py": export,
+            "data/symbolic/prepare.py": data}
+
+
+def test_train_writes_only_into_its_own_run_folder(tiny_data, tmp_path):
+    """Round 4's lost work: train.py's config.json replaced a Hugging Face folder's. Every folder train.py did not
+    write is one line, exit 2, every file as it was; a run folder (its own) is used as before."""
+    for who, folder in foreign_folders(tmp_path, tiny_data).items():
+        before = snapshot(folder)
+        refused(run(tiny_train_args(tiny_data, str(folder), "--max_iters=1")), who, "not train.py's")
+        assert snapshot(folder) == before, who
+    own = str(tmp_path / "run")
+    assert run(tiny_train_args(tiny_data, own, "--max_iters=1")).returncode == 0
+    r = run(tiny_train_args(tiny_data, own, "--max_iters=2", "--init_from=resume"))
+    assert r.returncode == 0, r.stderr[-2000:]
 
 
 def test_a_folder_that_is_not_a_dataset_is_left_alone(tmp_path):
     folder = tmp_path / "mine"
     folder.mkdir()
     (folder / "notes.txt").write_text("my work")
-    refused(run(["data/symbolic/prepare.py", f"--out_dir={folder}"] + TINY_DATA), "no meta.json", "left untouched")
-    refused(run(["data/pretrain/prepare.py", f"--out_dir={folder}"] + TOKENS), "no meta.json")
+    refused(run(["data/symbolic/prepare.py", f"--out_dir={folder}"] + TINY_DATA), "unknown files", "left untouched")
+    refused(run(["data/pretrain/prepare.py", f"--out_dir={folder}"] + TOKENS), "unknown files")
+    refused(run(["export_hf.py", "--ckpt=nothing.pt", f"--out_dir={folder}", "--overwrite=True"]), "unknown files")
     assert os.listdir(folder) == ["notes.txt"] and (folder / "notes.txt").read_text() == "my work"
 
 
