@@ -9,25 +9,12 @@
 #   - extra_loops: each question also trains with one loop more, so an answer is a fixed point (arm C).
 # This file is arm C, the best of RESULTS.md's three (3-hop ID up to 0.55 with 3 loops; 4 hops not reached). Others:
 #   arm A: --split_join={} --extra_loops=0 --n_loop=2      arm B: --extra_loops=0 --n_loop=2
+exec(open(sibling("symbolic.py")).read())  # config/symbolic.py's model and recipe, then the hop changes:
 out_dir = "out/hops"
-dataset = "symbolic"
 data_dir = "data/symbolic/pad2"
 data_args = {"eval_hops": 4, "pad_left": 2}
 loops_by_hops = True
 extra_loops = 1
 split_join = {"train_id": "acc/train_atom>=0.99"}
-n_layer = 1
-n_head = 6
-n_embd = 192
 pos_emb = "rope"
-mlp = "gelu"
-label_smoothing = 0.1
-recurrence = "disco"
-disco_gate = "fixed"
-disco_alpha = 1.0
-phi_tau = 1.0
 n_loop = 3                           # 2 hops + 1 extra loop
-ema_decay = 0.999
-max_iters = 17550                    # the whole 450-epoch cosine at most ...
-stop_metric = "acc/val_id"           # ... ending earlier when validation accuracy stalls
-stop_patience = 10

@@ -6,22 +6,12 @@
 # answer are the same token) were chosen by measurement (RESULTS.md). Offline, pass the GPT-2 ranks:
 #   --data_args="{'format': 'direct', 'tiktoken_file': 'PATH'}"
 # Baselines: --recurrence=loop / --recurrence=none with their own --out_dir.
+exec(open(sibling("symbolic.py")).read())  # config/symbolic.py's model and recipe, then the NL changes:
 out_dir = "out/nl_direct"
 dataset = "nl"
 data_dir = "data/nl/direct"
 data_args = {"format": "direct"}
 block_size = 32
-# the model: one GPT-2-style block of d = 192 with learned positions (RESULTS.md: how it was chosen)
-n_layer = 1
-n_head = 6
-n_embd = 192
-pos_emb = "learned"
-mlp = "gelu"                         # SwiGLU took the memorization route here
-label_smoothing = 0.1
-recurrence = "disco"
 disco_gate = "learned"
-disco_alpha = 1.0
-phi_tau = 1.0
-n_loop = 2
-ema_decay = 0.999
-max_iters = 11700                    # 300 epochs (the end point of these runs was not chosen on validation yet)
+max_iters = 11700                    # 300 epochs
+stop_metric = ""                     # the end point of these runs was not chosen on validation yet

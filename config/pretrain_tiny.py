@@ -2,52 +2,25 @@
 # checkpointing), on a synthetic corpus generated offline with a byte-level tokenizer. Minutes on 2 cores:
 #   python train.py config/pretrain_tiny.py
 #   torchrun --standalone --nproc_per_node=2 train.py config/pretrain_tiny.py
+exec(open(sibling("pretrain.py")).read())  # config/pretrain.py, then its tiny size:
 out_dir = "out/pretrain_tiny"
-dataset = "pretrain"
 data_dir = "data/pretrain/tiny"
 data_args = {"data_files": "synthetic:web,synthetic:math", "encoding": "bytes", "max_tokens": 4_000_000,
              "val_tokens": 100_000, "shard_tokens": 1_000_000, "num_proc": 2}
-vocab_size = 0
+vocab_size = 0                       # the data's: 257 byte tokens
 block_size = 128
-batch_size = 8
 gradient_accumulation_steps = 2
-activation_checkpointing = "block"
-loss_chunk = 1024
 n_layer = 2
 n_head = 4
 n_embd = 128
 n_hidden = 0
-norm = "rmsnorm"
-mlp = "swiglu"
-bias = False
-pos_emb = "rope"
-rope_theta = 1e6
-sandwich_norm = True
-dropout = 0.0
-recurrence = "disco"
-n_loop = 4
-disco_gate = "fixed"
-disco_alpha = 1.0
-phi_tau = 1.0
+scaled_init = True                   # GPT-2's init and no per-loop norm: config/pretrain.py took Ouro's
+per_loop_norm = False                # after this file was made, and this file kept its own
 phi_topk = 32
 phi_chunk = 64
-label_smoothing = 0.0
-optimizer = "muon"
-learning_rate = 3e-3
-adam_eps = 1e-15
-beta1 = 0.9
-beta2 = 0.95
-weight_decay = 0.1
-muon_momentum = 0.95
-grad_clip = 1.0
-lr_schedule = "linear"
 warmup_iters = 20
 max_iters = 300
 lr_decay_iters = 300
-min_lr = 1e-5
 eval_interval = 100
 eval_iters = 10
-eval_batch_size = 8
-log_interval = 10
 compile = False
-dtype = "auto"

