@@ -16,7 +16,9 @@ import torch
 from common import CheckpointError, atomic_write, tmp_name
 from configurator import renamed
 from curriculum import joins_changed
-from model import GPT, GPTConfig, pretrained_architecture
+from model import GPT, GPTConfig
+from pretrained import ARCH_KEYS, CONTINUE_KEYS, check_vocab, from_pretrained, hf_folder, pretrained_architecture
+from tokenizer import tokenizer_for
 
 
 def content_crc(obj, crc=0):
@@ -132,6 +134,19 @@ def load_for_resume(path, config, data_config, rows):
     return ckpt, changes
 
 
+def resume_architecture(path, stated):
+    """init_from=resume: {architecture key (pretrained.ARCH_KEYS): the checkpoint's value} for those no config file
+    or command line states. The weights decide their architecture, as a Hugging Face folder does on a branch: a run
+    branched from one took these from the folder, and its own command (the folder's name replaced by 'resume')
+    continues it. Stated keys stay, for load_for_resume to compare. Only the record is read (tensors are mapped,
+    not loaded); {} when it cannot be read, and load_for_resume says why."""
+    try:
+        saved = torch.load(path, map_location="cpu", weights_only=True, mmap=True)["model_args"]
+        return {k: saved[k] for k in ARCH_KEYS if k in saved and k not in stated}
+    except Exception:  # not there, damaged, not ours: the full load that follows gives the one-line reason
+        return {}
+
+
 def restore_training(ckpt, path, optimizers, ema, device_type, need_optimizer=True):
     """A resumed run's optimizer state, RNG states and weight average, from its checkpoint (the weights are
     loaded with the model). Without optimizer state a fresh optimizer would not continue the run: refused."""
@@ -145,6 +160,14 @@ def restore_training(ckpt, path, optimizers, ema, device_type, need_optimizer=Tr
         torch.cuda.set_rng_state(ckpt["rng_cuda"])
     if ema is not None and "ema" in ckpt:
         ema.load_state_dict(ckpt["ema"])
+
+
+def checkpoint_tokenizer(ckpt, where="the checkpoint"):
+    """The tokenizer a checkpoint was trained with (tokenizer.tokenizer_for), refused in one line when it has ids
+    the model has no embedding row for. A model larger than its tokenizer is fine (vocab_size pads the data's)."""
+    enc = tokenizer_for(ckpt)
+    check_vocab(enc.n_vocab, ckpt["model_args"]["vocab_size"], where)
+    return enc
 
 
 def strip_compile_prefix(state_dict):
@@ -176,20 +199,20 @@ def config_mismatch(saved, wanted, keys):
     return None
 
 
-def load_branch(path, config):
+def load_branch(path, config, stated=()):
     """init_from=<folder>: the starting weights of a new run, with its own optimizer and schedule (a resume stays
-    strict). A run folder or checkpoint file gives its weights (and its weight average); a Hugging Face folder
-    (config.json of a supported model_type) gives GPT.from_pretrained's, its architecture replacing the config's
-    model keys, the recurrence keys (recurrence, n_loop, disco_*, phi_*) staying the config's. Returns
-    (model state, weight-average state or None, {model key: value} the config must take, facts for config.json)."""
-    hf_config = os.path.join(path, "config.json")
-    if os.path.isdir(path) and not os.path.exists(os.path.join(path, "ckpt.pt")) and os.path.isfile(hf_config):
+    strict). A run folder or checkpoint file gives its weights (and its weight average); a Hugging Face folder gives
+    pretrained.from_pretrained's: the folder decides the architecture (pretrained.ARCH_KEYS; one the config file or
+    command line states, `stated`, at another value is refused naming both), the config the rest (CONTINUE_KEYS:
+    the recurrence, the window, ...). Returns (model state, weight-average state or None, {model key: value} the
+    config must take, facts for config.json)."""
+    if hf_folder(path):
+        keys = {k: config[k] for k in config if k in CONTINUE_KEYS or (k in ARCH_KEYS and k in stated)}
         try:
-            kind, arch, _ = pretrained_architecture(path)
-            keep = {k: v for k, v in config.items() if k in GPTConfig.defaults() and k not in arch}
-            model = GPT.from_pretrained(path, **{**keep, "block_size": config["block_size"] or arch["block_size"]})
-        except (OSError, ValueError, KeyError) as e:
-            raise CheckpointError(f"init_from={path!r}: {str(e).splitlines()[0]}") from None
+            kind = pretrained_architecture(path)[0]
+            model = from_pretrained(path, **keys)
+        except ValueError as e:  # the folder's one-line errors, a conflict, a recurrence key it cannot take
+            raise CheckpointError(f"init_from={path!r}: {e}") from None
         args = {f: getattr(model.config, f) for f in GPTConfig.defaults()}
         return model.state_dict(), None, args, {"init_from": path, "init_kind": f"Hugging Face {kind}",
                                                 "init_fresh": model.pretrained_fresh}

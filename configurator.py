@@ -4,7 +4,12 @@ nanoGPT's configurator, done safely. Usage from a script with module-level defau
     python train.py config/symbolic.py --batch_size=256 --compile=False
 
 The config file is plain Python assignments, executed in its own namespace (not the script's);
-then each --key=value is parsed with ast.literal_eval (bare words stay strings). Every key must
+a config that derives from another says so first, in nanoGPT's own words, then lists only what it changes:
+
+    exec(open(sibling("symbolic.py")).read())  # config/symbolic.py, then this file's changes
+
+(`sibling(name)` is the path of `name` beside the config file, so this works from any directory).
+Then each --key=value is parsed with ast.literal_eval (bare words stay strings). Every key must
 already exist in the defaults and keep its type (an int is accepted where a float is expected).
 Any mistake is a ConfigError with one line naming the bad key or value; scripts turn it into an
 exit with status 2 via `die`. Each script passes the checks of its own keys (`checks`: {key: (predicate,
@@ -168,14 +173,15 @@ def print_help(defaults, doc="", source=None):
         print(f"  {f'--{k}={v!r}':<{width}}  {meanings.get(k, '')}".rstrip())
 
 
-def configure(defaults, argv, doc="", source=None, checks=None):
+def configure(defaults, argv, doc="", source=None, checks=None, stated=None):
     """Return a new dict: defaults updated by config files and --key=value overrides in argv.
     -h / --help prints `doc`, every key with its default and the comment on its line in `source`,
-    and exits 0."""
+    and exits 0. stated: a set that receives every key a config file or the command line sets, so that a
+    caller can tell a stated value from a default (train.py: what a pretrained folder may decide)."""
     if "-h" in argv or "--help" in argv:
         print_help(defaults, doc, source)
         sys.exit(0)
-    config = dict(defaults)
+    config, stated = dict(defaults), set() if stated is None else stated
     given = {a[2:].split("=", 1)[0] for a in argv if a.startswith("--") and "=" in a}
     for arg in argv:
         if not arg.startswith("--"):
@@ -183,7 +189,8 @@ def configure(defaults, argv, doc="", source=None, checks=None):
                 raise ConfigError(f"config file '{arg}' is a directory, not a Python config file")
             if not os.path.isfile(arg):
                 raise ConfigError(f"config file '{arg}' not found")
-            namespace = {}
+            folder = os.path.dirname(os.path.abspath(arg))
+            namespace = {"sibling": lambda name: os.path.join(folder, name)}  # a function: not a key
             try:
                 with open(arg) as f:
                     exec(compile(f.read(), arg, "exec"), namespace)
@@ -193,6 +200,7 @@ def configure(defaults, argv, doc="", source=None, checks=None):
                     if not k.startswith("_") and type(v).__name__ not in ("module", "function", "type")}
             for key in keys:
                 _set(config, key, _check(key, namespace[key], defaults, arg), arg, keys)
+            stated.update(RENAMED.get(k, k) for k in keys)
         else:
             if "=" not in arg:
                 raise ConfigError(f"override '{arg}' must look like --key=value")
@@ -201,5 +209,6 @@ def configure(defaults, argv, doc="", source=None, checks=None):
             if isinstance(defaults.get(key), str) and not isinstance(value, str):
                 value = text  # --wandb_run_name=123 means the string "123"
             _set(config, key, _check(key, value, defaults, "command line"), "command line", given)
+            stated.add(RENAMED.get(key, key))
     check(config, checks or {})
     return config

@@ -9,7 +9,8 @@ Zero-shot evaluation of a pretrained checkpoint with lm-evaluation-harness (pape
 Prints Table 2's row (acc_norm where the harness reports it, else acc, and the average) and
 writes JSON. The model is registered with the harness as "discoloop"; the harness's own CLI does not
 import third-party modules, so `python eval_harness.py lm_eval ...` runs it with this one registered.
-The tokenizer is the tiktoken encoding recorded in the checkpoint's dataset config.
+The tokenizer is the one the checkpoint records (a Hugging Face folder, read by pretrained.py: its tokenizer.json);
+one with ids past the model's rows is refused.
 """
 import json
 import os
@@ -23,14 +24,13 @@ from lm_eval.api.registry import register_model
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from tqdm import tqdm
 
-from common import autocast, resolve_device, resolve_dtype, table
-from checkpoint import load_checkpoint, model_from_checkpoint
+from common import autocast, resolve_device, table
+from checkpoint import checkpoint_tokenizer, load_checkpoint, model_from_checkpoint
 from common import ERRORS, SYSTEM_CHECKS, CheckpointError, ConfigError, die
 from configurator import INT_GE0, INT_GE1, OUTPUT, configure
-from model import GPT
-from tokenizer import HFEncoding, tokenizer_for
+from precision import resolve_dtype
+from pretrained import folder_tokenizer, from_pretrained, hf_folder, pretrained_architecture
 
-REPO = os.path.dirname(os.path.abspath(__file__))
 TABLE2 = ["arc_challenge", "arc_easy", "hellaswag", "lambada_openai", "piqa", "race", "sciq"]
 
 
@@ -39,28 +39,13 @@ def encoding_for(ckpt):
     if "encoding" not in ckpt.get("data_config", {}):
         raise CheckpointError("checkpoint was not trained on token shards (no tokenizer recorded): "
                               "eval_harness.py evaluates pretraining checkpoints")
-    return tokenizer_for(ckpt)
+    return checkpoint_tokenizer(ckpt)
 
 
-def hf_folder(path):
-    """A Hugging Face model folder (config.json and a tokenizer.json, no ckpt.pt): evaluated as GPT.from_pretrained
-    reads it, e.g. the pretrained model a looped one was continued from (data/smollm2/out)."""
-    return (isinstance(path, str) and os.path.isdir(path) and not os.path.exists(os.path.join(path, "ckpt.pt"))
-            and os.path.isfile(os.path.join(path, "config.json")))
-
-
-def pretrained(path):
-    """(GPT, its tokenizer) of a Hugging Face folder; the end-of-text token is tokenizer_config.json's eos_token."""
-    tok_path = os.path.join(path, "tokenizer.json")
-    if not os.path.isfile(tok_path):
-        raise CheckpointError(f"'{path}' has no tokenizer.json: eval_harness.py reads a Hugging Face folder with one")
-    try:
-        with open(os.path.join(path, "tokenizer_config.json")) as f:
-            eos = json.load(f).get("eos_token")
-        model = GPT.from_pretrained(path)
-    except (OSError, ValueError) as e:
-        raise CheckpointError(f"'{path}': {str(e).splitlines()[0]}") from None
-    return model, HFEncoding(tok_path, eos if isinstance(eos, str) else "<|endoftext|>")
+def folder_tokenizer_first(path):
+    """The tokenizer of a Hugging Face folder (pretrained.py), read before its weights: a folder without a usable
+    one, or with more tokens than the model has rows, is one line before anything heavy."""
+    return folder_tokenizer(path, pretrained_architecture(path)[1]["vocab_size"])
 
 
 @register_model("discoloop")
@@ -68,8 +53,9 @@ class DiscoLoopLM(TemplateLM):
     def __init__(self, ckpt, n_loop=None, batch_size=16, device="auto", dtype="auto", max_gen_toks=256, **_):
         super().__init__()
         self.dev = resolve_device(device)
-        if hf_folder(ckpt):
-            model, self.enc = pretrained(ckpt)
+        if hf_folder(ckpt):  # e.g. the pretrained model a looped one was continued from (data/smollm2/out)
+            self.enc = folder_tokenizer_first(ckpt)
+            model = from_pretrained(ckpt)
         else:
             ck = (CHECKED.pop(ckpt, None) or load_checkpoint(ckpt)) if isinstance(ckpt, str) else ckpt
             self.enc = encoding_for(ck)  # before the model is built: a question-answer checkpoint is one line
@@ -170,7 +156,7 @@ class DiscoLoopLM(TemplateLM):
                 x = torch.tensor([feed if cache is not None else (ids + new)[-self.max_length:]], device=self.dev)
                 with self.ctx:
                     logits = self.model.head(self.model.hidden(x, n_loop=self.n_loop, cache=cache)[:, -1])  # (1, V)
-                nxt = int(logits[0].argmax())
+                nxt = int(logits[0, :self.enc.n_vocab].argmax())  # rows past the tokenizer pad the vocabulary
                 if nxt == self.eot_token_id:
                     break
                 new.append(nxt)
@@ -233,7 +219,9 @@ def check_model_args(args):
             raise ConfigError(f"--model_args {key}={kv[key]!r} is invalid: allowed an integer >= {lo}")
     if "dtype" in kv and not SYSTEM_CHECKS["dtype"][0](kv["dtype"]):
         raise ConfigError(f"--model_args dtype={kv['dtype']!r} is invalid: allowed {SYSTEM_CHECKS['dtype'][1]}")
-    if not hf_folder(kv["ckpt"]):
+    if hf_folder(kv["ckpt"]):
+        folder_tokenizer_first(kv["ckpt"])
+    else:
         ck = load_checkpoint(kv["ckpt"])
         encoding_for(ck)
         CHECKED[kv["ckpt"]] = ck

@@ -8,7 +8,7 @@ Export a checkpoint to a Hugging Face folder that loads offline with transformer
 
 The folder holds config.json (every GPTConfig field, an auto_map, max_position_embeddings, bos/eos and
 tie_word_embeddings), model.safetensors (the weight average when the run kept one), modeling_discoloop.py
-with copies of model.py and kernels.py made now (so the folder runs the code that trained it), and a
+with copies of model.py, kernels.py and muon.py made now (so the folder runs the code that trained it), and a
 tokenizer.json that encodes exactly as the checkpoint's tokenizer: tiktoken ranks are converted to a BPE
 tokenizer.json (checked on sample texts before anything is written), a tokenizer.json is copied, a
 question-answer vocabulary becomes a word-level tokenizer. Tested with the transformers version pinned in
@@ -27,14 +27,15 @@ import sys
 
 import torch
 
-from checkpoint import load_checkpoint, model_from_checkpoint
+from checkpoint import checkpoint_tokenizer, load_checkpoint, model_from_checkpoint
 from common import ERRORS, ConfigError, DataError, die, replace_folder, tmp_name
 from configurator import FOLDER, configure
+from datafolder import claim
 from model import GPTConfig
-from tokenizer import WordVocab, to_hf_tokenizer, tokenizer_for
+from tokenizer import WordVocab, to_hf_tokenizer
 
 REPO = os.path.dirname(os.path.abspath(__file__))
-# model.py's one import of this repo, as the export folder (a package under transformers' module cache) needs it
+# model.py's imports of this repo, as the export folder (a package under transformers' module cache) needs it
 IMPORTS = {"from kernels import ": "from .kernels import ", "from muon import ": "from .muon import "}
 # texts the exported tokenizer must encode exactly as the checkpoint's: spaces, digits, punctuation, non-ASCII
 SAMPLES = ["Hello world", "  two  spaces, then\ttab\nand newline\n\n", "It's 1234567 o'clock; don't!",
@@ -43,7 +44,7 @@ SAMPLES = ["Hello world", "  two  spaces, then\ttab\nand newline\n\n", "It's 123
 
 def build_tokenizer(ckpt):
     """(tokenizers.Tokenizer, eos token string or None, the checkpoint's own encoder)."""
-    enc = tokenizer_for(ckpt)
+    enc = checkpoint_tokenizer(ckpt)  # ids past the model's rows: one line, not an export that fails in transformers
     tok, eos = to_hf_tokenizer(enc)
     return tok, eos, enc
 
@@ -63,31 +64,21 @@ EXPORT_FILES = {"config.json", "model.safetensors", "modeling_discoloop.py", "mo
 
 def check_out_dir(out_dir, overwrite):
     """Before any work: a folder that exists is replaced only when it is empty or provably an earlier export
-    (config.json says model_type 'discoloop' and it holds nothing an export does not write). A run folder, a
-    dataset, '.', a file, a path under a file: one line, and nothing is touched."""
-    path = os.path.abspath(out_dir)
-    above = os.path.dirname(path)
-    while not os.path.exists(above):
-        above = os.path.dirname(above)
-    if not os.path.isdir(above):
-        raise ConfigError(f"out_dir={out_dir!r} lies under '{above}', which is a file: choose a folder")
-    if os.path.exists(path) and not os.path.isdir(path):
-        raise ConfigError(f"out_dir={out_dir!r} is a file, not a folder: choose a folder")
-    if not os.path.isdir(path) or not os.listdir(path):
+    (datafolder.claim: config.json says model_type 'discoloop') holding nothing an export does not write. A run
+    folder, a dataset, a Hugging Face model, '.', a file, a path under a file: one line, and nothing is touched."""
+    try:
+        ours = claim(out_dir, "export_hf.py")
+    except DataError as e:
+        raise ConfigError(str(e)) from None
+    if not ours:
         return
     if not overwrite:
         raise ConfigError(f"out_dir={out_dir!r} is not empty: choose another, or pass --overwrite=True to replace "
                           "an earlier export")
-    try:
-        with open(os.path.join(path, "config.json")) as f:
-            ours = json.load(f).get("model_type") == "discoloop"
-    except (OSError, ValueError, AttributeError):
-        ours = False
-    others = sorted(set(os.listdir(path)) - EXPORT_FILES)
-    if not ours or others:
-        what = f"it holds {others[:3]}" if others else "it has no export's config.json"
-        raise ConfigError(f"out_dir={out_dir!r} is not an earlier export ({what}): --overwrite=True replaces only "
-                          "a folder export_hf.py wrote; left untouched")
+    others = sorted(set(os.listdir(out_dir)) - EXPORT_FILES)
+    if others:
+        raise ConfigError(f"out_dir={out_dir!r} is not an earlier export (it holds {others[:3]}): --overwrite=True "
+                          "replaces only a folder export_hf.py wrote; left untouched")
 
 
 def make_tmp(out_dir):

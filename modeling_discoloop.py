@@ -1,6 +1,6 @@
 """
 The Hugging Face face of model.py: export_hf.py writes this file into an export folder next to copies of
-model.py and kernels.py, so that
+model.py, kernels.py and muon.py, so that
 
     AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True)            # the trained K loops
     AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True, n_loop=6)  # more loops (as Ouro's total_ut_steps)

@@ -11,10 +11,10 @@ import sys
 
 import torch
 
-from checkpoint import load_checkpoint, model_from_checkpoint
-from common import ERRORS, SYSTEM_CHECKS, ConfigError, autocast, die, resolve_dtype, setup
+from checkpoint import checkpoint_tokenizer, load_checkpoint, model_from_checkpoint
+from common import ERRORS, SYSTEM_CHECKS, ConfigError, autocast, die, setup
 from configurator import INT_GE0, INT_GE1, configure, num
-from tokenizer import tokenizer_for
+from precision import resolve_dtype
 
 DEFAULTS = dict(
     ckpt="",             # checkpoint file or run folder
@@ -51,6 +51,16 @@ def read_prompt(start):
         raise ConfigError(f"start='FILE:{path}': the file cannot be read ({e.strerror})") from None
 
 
+def sample_within(model, n_vocab):
+    """The model, sampling only ids its tokenizer has: rows past them pad the vocabulary (vocab_size above the
+    data's, e.g. config/pretrain.py's 129,280 rows for cl100k_base's 100,277 ids), were never a target, and decode
+    to nothing."""
+    if model.config.vocab_size > n_vocab:
+        head = model.head  # generate() reads the logits through model.head
+        model.head = lambda h: head(h)[..., :n_vocab]
+    return model
+
+
 def main(argv):
     try:
         c = configure(DEFAULTS, argv, __doc__, __file__, CHECKS)
@@ -59,8 +69,8 @@ def main(argv):
         start = read_prompt(c["start"])  # before any work: a bad prompt file is one line
         device = setup(c["device"], c["threads"])
         ckpt = load_checkpoint(c["ckpt"])
-        model = model_from_checkpoint(ckpt, use_ema=not c["raw"]).to(device).eval()
-        enc = tokenizer_for(ckpt)
+        enc = checkpoint_tokenizer(ckpt, c["ckpt"])  # a tokenizer with ids the model has no row for: one line
+        model = sample_within(model_from_checkpoint(ckpt, use_ema=not c["raw"]).to(device).eval(), enc.n_vocab)
         ids = enc.encode_ordinary(start) or ([enc.eot_token] if enc.eot_token is not None else [])
         if not ids:
             raise ConfigError(f"start={c['start']!r} gives no token and the tokenizer has no end-of-text token: "

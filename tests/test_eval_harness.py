@@ -196,3 +196,34 @@ def test_sample_py_is_seeded_and_cache_blind(ckpt):
     for bad, needle in (("--temperature=-1", "temperature=-1"), ("--max_new_tokens=100000", "exceeds block_size")):
         r = run(args + [bad])
         assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and needle in r.stderr, r.stderr[-2000:]
+
+
+def test_a_checkpoint_is_read_with_a_tokenizer_that_fits_it(ckpt, tmp_path):
+    """sample.py and eval_harness.py on a checkpoint whose tokenizer and vocabulary differ: a model with more rows
+    than its tokenizer has ids (vocab_size padding the data's) samples only ids the tokenizer can decode; a tokenizer
+    with more ids than the model has rows, or a tokenizer record of a kind this code does not know, is one line
+    naming what is wrong, not a KeyError or an IndexError in the embedding."""
+    from checkpoint import load_checkpoint, save_checkpoint
+    from model import GPT, GPTConfig
+
+    def variant(name, vocab_size=None, tokenizer=None):
+        c = load_checkpoint(ckpt)
+        c.pop("ema", None), c.pop("crc32")  # save_checkpoint writes the new content's
+        if vocab_size:
+            c["model_args"] = {**c["model_args"], "vocab_size": vocab_size}
+            torch.manual_seed(0)  # untrained: every row, the padding too, gets its share of the samples
+            c["model"] = GPT(GPTConfig.from_dict(c["model_args"])).state_dict()
+        if tokenizer:
+            c["tokenizer"] = tokenizer
+        save_checkpoint(c, str(tmp_path / name / "ckpt.pt"))
+        return str(tmp_path / name)
+
+    args = ["--start=The", "--num_samples=1", "--max_new_tokens=40", "--temperature=1", "--top_k=0", "--threads=1"]
+    r = run(["sample.py", f"--ckpt={variant('padded', vocab_size=400)}", *args])  # bytes: 257 ids
+    assert r.returncode == 0 and r.stdout.startswith("The"), r.stderr[-2000:]
+    for name, change, needle in (("small", dict(vocab_size=200), "has 257 tokens, more than the model's vocab_size=200"),
+                                 ("foreign", dict(tokenizer={"kind": "sentencepiece"}), "'sentencepiece'")):
+        path = variant(name, **change)
+        for script in (["sample.py", f"--ckpt={path}", *args], ["eval_harness.py", f"--ckpt={path}", "--tasks=piqa"]):
+            r = run(script)
+            assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and needle in r.stderr, r.stderr[-2000:]

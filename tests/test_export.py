@@ -83,7 +83,7 @@ def test_export_refuses_a_folder_in_use_and_the_tokenizer_matches(tmp_path):
     (tmp_path / "hf").mkdir()
     (tmp_path / "hf" / "mine.txt").write_text("x")
     r = run(["export_hf.py", f"--ckpt={tmp_path / 'ckpt.pt'}", f"--out_dir={tmp_path / 'hf'}"])
-    assert r.returncode == 2 and "is not empty" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert r.returncode == 2 and "not export_hf.py's" in r.stderr and len(r.stderr.strip().splitlines()) == 1
     assert (tmp_path / "hf" / "mine.txt").exists()
     folder = export(str(tmp_path / "ckpt.pt"), str(tmp_path / "hf2"))
     from transformers import AutoTokenizer
@@ -103,9 +103,8 @@ def test_export_overwrites_only_an_earlier_export(tmp_path):
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "meta.json").write_text("{}")
     (tmp_path / "afile").write_text("x")
-    cases = {str(tmp_path / "run"): "not an earlier export", str(tmp_path / "data"): "not an earlier export",
-             ".": "not an earlier export", str(tmp_path / "afile"): "is a file",
-             str(tmp_path / "afile" / "sub"): "which is a file"}
+    cases = {str(tmp_path / "run"): "made by train.py", str(tmp_path / "data"): "prepared folder",
+             ".": "prepared folder", str(tmp_path / "afile"): "is a file", str(tmp_path / "afile" / "sub"): "a file"}
     for out, why in cases.items():
         r = run([os.path.join(REPO, "export_hf.py"), f"--ckpt={ckpt}", f"--out_dir={out}", "--overwrite=True"],
                 cwd=str(tmp_path / "data"))  # '.' is the dataset folder

@@ -1,4 +1,4 @@
-"""GPT.from_pretrained: tiny random GPT-2, Llama (grouped-query, tied and untied) and Qwen2 (q, k, v biases) models
+"""pretrained.from_pretrained: tiny random GPT-2, Llama (grouped-query, tied and untied) and Qwen2 (q, k, v biases) models
 built locally with transformers (no download), saved with save_pretrained, load with logits equal to transformers'
 own: float32 to 1e-4, float64 to 1e-12. Plus looping a pretrained stack, cached generation with GQA, and the
 one-line errors."""
@@ -10,7 +10,8 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from model import GPT  # noqa: E402
+from common import ConfigError, DataError  # noqa: E402
+from pretrained import from_pretrained  # noqa: E402
 
 V, T = 61, 12
 
@@ -70,7 +71,7 @@ def float64_rmsnorm(self, x):
 
 def test_logits_equal_transformers_float32_and_float64(pair, monkeypatch):
     name, hf, folder = pair
-    model = GPT.from_pretrained(folder)
+    model = from_pretrained(folder)
     assert model.config.recurrence == "loop" and model.config.n_loop == 1 and not model.training
     assert model.config.tie_embeddings == (name in ("gpt2", "llama_tied"))
     if name != "gpt2":
@@ -93,20 +94,20 @@ def test_one_loop_equals_and_disco_loops_differ(pair):
     name, hf, folder = pair
     idx = torch.randint(0, V, (1, T))
     with torch.no_grad():
-        base = GPT.from_pretrained(folder)(idx)[0]
-        loop1 = GPT.from_pretrained(folder, recurrence="loop", n_loop=1)(idx)[0]
-        disco = GPT.from_pretrained(folder, recurrence="disco", n_loop=2)
+        base = from_pretrained(folder)(idx)[0]
+        loop1 = from_pretrained(folder, recurrence="loop", n_loop=1)(idx)[0]
+        disco = from_pretrained(folder, recurrence="disco", n_loop=2)
         two = disco(idx)[0]
         assert torch.equal(loop1, base)
         torch.testing.assert_close(disco(idx, n_loop=1)[0], base, rtol=0, atol=1e-5)  # Stage 1 = the pretrained model
     assert two.shape == base.shape and torch.isfinite(two).all() and (two - base).abs().max() > 1e-3
-    copies = GPT.from_pretrained(folder, recurrence="none", n_loop=2)  # two untied copies of the pretrained stack
+    copies = from_pretrained(folder, recurrence="none", n_loop=2)  # two untied copies of the pretrained stack
     assert len(copies.transformer.h) == 2 * copies.config.n_layer
 
 
 def test_gqa_cached_generation_equals_uncached(tmp_path):
     _, folder = saved("qwen2", tmp_path)  # 4 query heads share 1 key/value head
-    model = GPT.from_pretrained(folder, recurrence="disco", n_loop=2)
+    model = from_pretrained(folder, recurrence="disco", n_loop=2)
     seq = torch.randint(0, V, (2, 20))
     with torch.no_grad():
         full = model(seq)[0]
@@ -122,7 +123,7 @@ def test_gqa_cached_generation_equals_uncached(tmp_path):
 
 
 def test_gqa_trains():
-    from model import GPTConfig
+    from model import GPT, GPTConfig
     torch.manual_seed(0)
     model = GPT(GPTConfig(block_size=16, vocab_size=V, n_layer=1, n_head=4, n_kv_head=2, n_embd=32, n_loop=2,
                           qkv_bias=True, tie_embeddings=False))
@@ -143,79 +144,201 @@ def test_sharded_and_bin_weights(tmp_path):
     hf, folder = saved("llama", tmp_path, max_shard_size="20KB")
     assert os.path.isfile(os.path.join(folder, "model.safetensors.index.json"))
     idx = torch.randint(0, V, (1, T))
-    torch.testing.assert_close(GPT.from_pretrained(folder)(idx)[0], hf_logits(hf, idx), rtol=0, atol=1e-4)
+    torch.testing.assert_close(from_pretrained(folder)(idx)[0], hf_logits(hf, idx), rtol=0, atol=1e-4)
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "config.json").write_text(open(os.path.join(folder, "config.json")).read())
     torch.save({k: v.clone() for k, v in hf.state_dict().items()}, bin_dir / "pytorch_model.bin")
-    torch.testing.assert_close(GPT.from_pretrained(str(bin_dir))(idx)[0], hf_logits(hf, idx), rtol=0, atol=1e-4)
+    torch.testing.assert_close(from_pretrained(str(bin_dir))(idx)[0], hf_logits(hf, idx), rtol=0, atol=1e-4)
 
 
 def test_one_line_errors(tmp_path):
-    with pytest.raises(FileNotFoundError, match="no pretrained model folder at '.*nowhere'"):
-        GPT.from_pretrained(str(tmp_path / "nowhere"))
-    with pytest.raises(FileNotFoundError, match="config.json' not found"):
-        GPT.from_pretrained(str(tmp_path))
+    with pytest.raises(DataError, match="no pretrained model folder at '.*nowhere'"):
+        from_pretrained(str(tmp_path / "nowhere"))
+    with pytest.raises(DataError, match="config.json' not found"):
+        from_pretrained(str(tmp_path))
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "bert", "architectures": ["BertModel"]}))
-    with pytest.raises(ValueError, match=r"model_type='bert' .*not supported.*supported gpt2 .*llama .*qwen2") as e:
-        GPT.from_pretrained(str(tmp_path))
+    with pytest.raises(DataError, match=r"model_type='bert' .*not supported.*supported gpt2 .*llama .*qwen2") as e:
+        from_pretrained(str(tmp_path))
     assert "\n" not in str(e.value)
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama",
                                                       "architectures": ["LlamaForSequenceClassification"]}))
-    with pytest.raises(ValueError, match="LlamaForSequenceClassification"):
-        GPT.from_pretrained(str(tmp_path))
+    with pytest.raises(DataError, match="LlamaForSequenceClassification"):
+        from_pretrained(str(tmp_path))
     _, folder = saved("gpt2", tmp_path)
     os.remove(os.path.join(folder, "model.safetensors"))
-    with pytest.raises(FileNotFoundError, match=f"no weights in '{folder}'"):
-        GPT.from_pretrained(folder)
+    with pytest.raises(DataError, match=f"no weights in '{folder}'"):
+        from_pretrained(folder)
     _, folder = saved("llama", tmp_path)
-    with pytest.raises(ValueError, match="n_kv_head=4 conflicts with"):
-        GPT.from_pretrained(folder, n_kv_head=4)
-    with pytest.raises(ValueError, match="'n_loops' is not a GPTConfig key"):
-        GPT.from_pretrained(folder, n_loops=2)
+    with pytest.raises(ConfigError, match="n_kv_head=4 conflicts with .*config.json, which has n_kv_head=2"):
+        from_pretrained(folder, n_kv_head=4)
+    with pytest.raises(ConfigError, match="sandwich_norm=True conflicts with .*sandwich_norm=False"):
+        from_pretrained(folder, sandwich_norm=True)  # extra norms: another function of the same weights
+    with pytest.raises(ConfigError, match="'n_loops' is not a GPTConfig key"):
+        from_pretrained(folder, n_loops=2)
     with pytest.raises(ValueError, match="phi_topk=4 needs tie_embeddings=True"):
-        GPT.from_pretrained(folder, recurrence="disco", n_loop=2, phi_topk=4)
+        from_pretrained(folder, recurrence="disco", n_loop=2, phi_topk=4)
 
 
-def test_train_continues_a_pretrained_folder_as_disco(tmp_path):
-    """train.py --init_from=<Hugging Face folder>: the folder's architecture and weights, this config's recurrence
-    (DiscoLoop, top-k Phi, K = 2), optimizer and schedule. The first evaluation is the pretrained model's looped
-    loss (the run has trained nothing yet) and config.json names what started fresh."""
+def edited(folder, tmp_path, name, **files):
+    """A copy of a saved folder with some files replaced: {file name: text, bytes, or None to delete}."""
+    import shutil
+    out = str(tmp_path / name)
+    shutil.copytree(folder, out)
+    for f, content in files.items():
+        path = os.path.join(out, f.replace("__", "."))
+        if content is None:
+            os.remove(path)
+        elif isinstance(content, bytes):
+            open(path, "wb").write(content)
+        else:
+            open(path, "w").write(content)
+    return out
+
+
+def test_whatever_is_wrong_inside_a_folder_is_one_line_naming_the_file(tmp_path):
+    """The folder's config.json of the wrong shape or type, a truncated or pickled weights file, an index that names
+    no files, weights that do not fit: a DataError of one line naming the file, never a traceback."""
+    import argparse
+    hf, folder = saved("llama", tmp_path)
+    cfg = json.load(open(os.path.join(folder, "config.json")))
+    weights = open(os.path.join(folder, "model.safetensors"), "rb").read()
+    sd = {k: v.clone() for k, v in hf.state_dict().items()}
+    pickled = tmp_path / "pickled.bin"
+    torch.save({**sd, "args": argparse.Namespace(lr=1)}, pickled)  # a pickled object that is not a tensor
+    bad_shape = {**sd, "model.layers.0.self_attn.k_proj.weight": torch.zeros(3, 5)}
+    torch.save(bad_shape, tmp_path / "bad_shape.bin")
+    probes = {  # name: (files to replace, the file the message must name, what it must say)
+        "list": ({"config__json": "[1, 2]"}, "config.json", "holds a JSON list"),
+        "string": ({"config__json": '"llama"'}, "config.json", "holds a JSON str"),
+        "not_json": ({"config__json": "{'model_type': llama"}, "config.json", "is not valid JSON"),
+        "type": ({"config__json": json.dumps({**cfg, "num_hidden_layers": "two"})}, "config.json",
+                 "num_hidden_layers='two' is invalid: allowed an integer >= 1"),
+        "rope": ({"config__json": json.dumps({**cfg, "rope_parameters": "fast", "rope_scaling": None})}, "config.json",
+                 "rope_parameters='fast' is invalid"),
+        "eps": ({"config__json": json.dumps({**cfg, "rms_norm_eps": "small"})}, "config.json", "rms_norm_eps='small'"),
+        "heads": ({"config__json": json.dumps({**cfg, "num_attention_heads": 0})}, "config.json",
+                  "num_attention_heads=0 is invalid"),
+        "kv": ({"config__json": json.dumps({**cfg, "num_key_value_heads": 3})}, "config.json", "n_kv_head=3 is invalid"),
+        "truncated": ({"model__safetensors": weights[:len(weights) // 2]}, "model.safetensors",
+                      "is not a readable weights file"),
+        "pickled": ({"model__safetensors": None, "pytorch_model__bin": open(pickled, "rb").read()}, "pytorch_model.bin",
+                    "holds pickled objects other than plain tensors, which are refused"),
+        "index": ({"model__safetensors__index__json": json.dumps({"weight_map": ["model.safetensors"]})},
+                  "model.safetensors.index.json", "has no weight_map of file names"),
+        "shapes": ({"model__safetensors": None, "pytorch_model__bin": open(tmp_path / "bad_shape.bin", "rb").read()},
+                   "pytorch_model.bin", "do not fit"),
+    }
+    for name, (files, where, what) in probes.items():
+        with pytest.raises(DataError) as e:
+            from_pretrained(edited(folder, tmp_path, name, **files))
+        msg = str(e.value)
+        assert "\n" not in msg and where in msg and what in msg and "weights_only=False" not in msg, (name, msg)
+
+
+def test_the_folder_decides_its_architecture():
+    """Every GPTConfig key is either the architecture (the folder's: each converter gives exactly those) or a key a
+    continuation may set, listed once; a new model key must be put in one of the two."""
+    from model import GPTConfig
+    from pretrained import ARCH_KEYS, CONTINUE_KEYS, PRETRAINED
+    assert set(CONTINUE_KEYS) <= set(GPTConfig.defaults()) and len(set(CONTINUE_KEYS)) == len(CONTINUE_KEYS)
+    assert set(ARCH_KEYS) | set(CONTINUE_KEYS) == set(GPTConfig.defaults()) and "sandwich_norm" in ARCH_KEYS
+    hf = {"vocab_size": V, "n_positions": 32, "n_layer": 2, "n_head": 4, "n_embd": 32, "max_position_embeddings": 64,
+          "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 48}
+    for kind, (_, config_of, _) in PRETRAINED.items():
+        assert set(config_of({**hf, "model_type": kind}, "config.json")) == {*ARCH_KEYS, "block_size"}, kind
+
+
+@pytest.mark.parametrize("name, folder_config", [
+    ("smollm2_continue.py", dict(hidden_size=576, intermediate_size=1536, num_attention_heads=9, num_hidden_layers=30,
+                                 num_key_value_heads=3, rms_norm_eps=9.999999747378752e-06, rope_theta=100000.0)),
+    ("smollm2_1.7b_continue.py", dict(hidden_size=2048, intermediate_size=8192, num_attention_heads=32,
+                                      num_hidden_layers=24, num_key_value_heads=32, rms_norm_eps=1e-05,
+                                      rope_theta=130000.0))])
+def test_smollm2_configs_agree_with_their_folders(tmp_path, name, folder_config):
+    """config/smollm2*_continue.py state their folder's architecture (so that bench.py plans them without weights):
+    what they state is what the folder says (the 135M folder, converted from GGUF's float32 metadata, says
+    rms_norm_eps 9.999999747378752e-06: read as the 1e-05 it stands for), so train.py does not refuse them."""
+    import train_config
+    from configurator import configure
+    from pretrained import pretrained_architecture
+    (tmp_path / "config.json").write_text(json.dumps({
+        "model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": 49152, "hidden_act": "silu",
+        "max_position_embeddings": 8192, "tie_word_embeddings": True, **folder_config}))
+    _, arch, _, _ = pretrained_architecture(str(tmp_path))
+    stated = set()
+    config = configure(train_config.defaults(), [os.path.join("config", name)], stated=stated)
+    assert stated & set(arch) and {k: config[k] for k in stated & set(arch)} == {k: arch[k] for k in stated & set(arch)}
+
+
+def shards(tmp_path):
     import numpy as np
-    from conftest import run
-    _, folder = saved("llama_tied", tmp_path)  # top-k Phi decodes and encodes with one matrix: a tied head
     d = tmp_path / "shards"
     d.mkdir()
     tokens = np.arange(600) % V
     for split in ("train", "val"):
         tokens.astype(np.uint16).tofile(d / f"{split}_000000.bin")
-    (d / "meta.json").write_text(json.dumps({"dtype": "uint16", "vocab_size": V, "eot": 0, "encoding": "bytes", "shards": {
+    (d / "meta.json").write_text(json.dumps({"kind": "tokens", "dtype": "uint16", "vocab_size": V, "eot": 0, "encoding": "bytes", "shards": {
         "train": [["train_000000.bin", 600]], "val": [["val_000000.bin", 600]]}}))
+    return d
+
+
+def test_train_continues_a_pretrained_folder_as_disco_and_resumes(tmp_path):
+    """train.py --init_from=<Hugging Face folder>: the folder's architecture and weights, this command's recurrence
+    (DiscoLoop, top-k Phi, K = 2), optimizer and schedule; config.json names what started fresh. The same command
+    with --init_from=resume continues it (the architecture the command does not state is the checkpoint's, and the
+    eps it states, 1e-05, is the folder's float32 9.999999747378752e-06). An architecture key stated at another value,
+    on the command line or in a config file, is one line naming both values."""
+    from conftest import run
+    hf, folder = saved("llama_tied", tmp_path)  # top-k Phi decodes and encodes with one matrix: a tied head
+    cfg = json.load(open(os.path.join(folder, "config.json")))
+    json.dump({**cfg, "rms_norm_eps": 9.999999747378752e-06}, open(os.path.join(folder, "config.json"), "w"))
     out = str(tmp_path / "run")
-    r = run(["train.py", "config/pretrain_tiny.py", f"--data_dir={d}", f"--out_dir={out}", f"--init_from={folder}",
-             "--recurrence=disco", "--n_loop=2", "--phi_topk=8", "--block_size=16", "--max_iters=2", "--eval_interval=2",
-             "--eval_iters=1", "--dtype=float32", "--threads=1"])
+    args = ["train.py", "--dataset=pretrain", f"--data_dir={shards(tmp_path)}", f"--out_dir={out}", "--recurrence=disco",
+            "--n_loop=2", "--phi_topk=8", "--block_size=16", "--batch_size=4", "--eval_interval=2", "--eval_iters=1",
+            "--dtype=float32", "--threads=1", "--norm_eps=1e-5", "--warmup_iters=1"]
+    r = run(args + [f"--init_from={folder}", "--max_iters=2"])
     assert r.returncode == 0, r.stderr[-2000:]
     cfg = json.load(open(os.path.join(out, "config.json")))
     assert cfg["n_kv_head"] == 2 and cfg["n_embd"] == 32 and cfg["tie_embeddings"] is True and cfg["recurrence"] == "disco"
     assert cfg["init_kind"] == "Hugging Face llama" and "transformer.ln_inj.weight" in cfg["init_fresh"]
     from checkpoint import load_checkpoint
-    assert load_checkpoint(out)["model_args"]["rope_theta"] == GPT.from_pretrained(folder).config.rope_theta == 5000.0
+    assert load_checkpoint(out)["model_args"]["rope_theta"] == from_pretrained(folder).config.rope_theta == 5000.0
+    r = run(args + ["--init_from=resume", "--max_iters=4"])
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert load_checkpoint(out)["iter_num"] == 4
+    for bad, both in ((["--sandwich_norm=True"], ("sandwich_norm=True", "sandwich_norm=False")),
+                      (["config/pretrain_tiny.py"], ("n_embd=128", "n_embd=32"))):
+        r = run(args[:1] + bad + args[1:] + [f"--init_from={folder}", f"--out_dir={tmp_path / 'other'}", "--overwrite=True"])
+        assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr[-2000:]
+        assert all(b in r.stderr for b in both) and "conflicts with" in r.stderr, r.stderr
 
 
 def test_eval_harness_reads_a_pretrained_folder(tmp_path):
-    """eval_harness.py --ckpt=<Hugging Face folder>: the model a looped one was continued from, evaluated the same way."""
+    """eval_harness.py --ckpt=<Hugging Face folder>: the model a looped one was continued from, evaluated the same way;
+    without tokenizer_config.json the end of text is '<|endoftext|>'; a tokenizer with more tokens than the model has
+    rows is one line naming both sizes, before the weights are read."""
     from tokenizers import Tokenizer, models, pre_tokenizers
     pytest.importorskip("lm_eval")
+    from conftest import run
     from eval_harness import DiscoLoopLM
     _, folder = saved("llama_tied", tmp_path)
-    tok = Tokenizer(models.WordLevel({f"w{i}": i for i in range(V)}, unk_token=None))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok.save(os.path.join(folder, "tokenizer.json"))
-    with open(os.path.join(folder, "tokenizer_config.json"), "w") as f:
-        json.dump({"eos_token": "w0"}, f)
+
+    def tokenizer(n):
+        tok = Tokenizer(models.WordLevel({"<|endoftext|>": 0, **{f"w{i}": i for i in range(1, n)}}, unk_token=None))
+        tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+        tok.save(os.path.join(folder, "tokenizer.json"))
+    tokenizer(V)
     lm = DiscoLoopLM(folder, device="cpu", dtype="float32")
     idx = torch.tensor([lm.tok_encode("w3 w5 w7 w9")])
     assert lm.eot_token_id == 0 and idx.tolist() == [[3, 5, 7, 9]]
     with torch.no_grad():
-        assert torch.equal(lm.model(idx)[0], GPT.from_pretrained(folder)(idx)[0])
+        assert torch.equal(lm.model(idx)[0], from_pretrained(folder)(idx)[0])
+    with open(os.path.join(folder, "tokenizer_config.json"), "w") as f:
+        json.dump({"eos_token": "w9"}, f)
+    assert DiscoLoopLM(folder, device="cpu", dtype="float32").eot_token_id == 9
+    tokenizer(V + 5)
+    os.remove(os.path.join(folder, "model.safetensors"))  # never reached: the tokenizer is refused first
+    r = run(["eval_harness.py", f"--ckpt={folder}", "--tasks=piqa"])
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr[-2000:]
+    assert f"has {V + 5} tokens, more than the model's vocab_size={V}" in r.stderr, r.stderr
