@@ -1,30 +1,18 @@
 """
 The shared plumbing every module may import (this one imports nothing of the project): the one-line
-errors and `die`, atomic writes of files and folders, the table printer, and the device/precision rule.
-
-Device and precision, one rule for every script (train.py, bench.py, eval_harness.py, probe.py).
-
-device="auto": CUDA if present, else MPS, else CPU.
-dtype="auto":  bf16 on a GPU that has it (fp16 otherwise); on a CPU, fp32 unless bf16 autocast is
-measured to be clearly faster. CPUs differ wildly: bf16 was 2x faster than fp32 on one AMD EPYC,
-2.5x slower on a Xeon with the same avx512_bf16 flag, and 100x slower on a CPU without AVX-512.
-So a CPU with a bf16 flag times one tiny MLP forward + backward in each precision (fp32 first, and
-bf16 only once if it is already slower); a CPU without one is fp32 without timing.
+errors and `die`, atomic writes of files and folders, the table printer, the device rule (device="auto":
+CUDA if present, else MPS, else CPU) and the dtype names. What dtype="auto" picks: precision.py.
 """
 import contextlib
-import functools
 import hashlib
-import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
 import threading
-import time
 
 import torch
-import torch.nn.functional as F
 
 
 # One-line errors: each names the bad value and what is allowed; scripts turn any of them into `die`.
@@ -186,123 +174,6 @@ def resolve_device(device):
     if device == "mps" and not torch.backends.mps.is_available():
         raise ValueError("device='mps' but MPS is not available here: use device='cpu'")
     return device
-
-
-def cpu_has_bf16_flag():
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = f.read()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
-
-
-def time_mlp(dtype, reps):
-    """Best-of-reps seconds of a tiny MLP forward + backward under CPU autocast to `dtype`
-    (about 0.1 GFLOP: milliseconds in fp32, about a second where bf16 is 100x slower)."""
-    x = torch.randn(256, 128)
-    w1, w2 = torch.randn(512, 128, requires_grad=True), torch.randn(128, 512, requires_grad=True)
-    best = float("inf")
-    for _ in range(reps):
-        t = time.perf_counter()
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
-            y = F.linear(F.gelu(F.linear(F.rms_norm(x, (128,)), w1)), w2)
-        y.float().square().mean().backward()
-        best = min(best, time.perf_counter() - t)
-    return best
-
-
-def model_step_timer(model, x, y):
-    """A timer(dtype, reps) for pick_cpu_dtype: best-of-reps seconds of one forward + backward of the configured
-    `model` on (x, y) under CPU autocast to dtype, after one untimed call (a first call packs weights and builds
-    kernels: timing it made a cold bf16 lose to a warm fp32). The RNG state and gradients are put back, so
-    the run is the same whatever is timed; `timer.seconds` keeps every figure for config.json."""
-    seconds = {}
-
-    def step(dtype):
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
-            _, loss = model(x, y, sparse_targets=bool((y == -1).any()))
-        loss.backward()
-
-    def timer(dtype, reps):
-        rng = torch.get_rng_state()
-        try:
-            step(dtype)
-            best = float("inf")
-            for _ in range(reps):
-                t = time.perf_counter()
-                step(dtype)
-                best = min(best, time.perf_counter() - t)
-        finally:
-            torch.set_rng_state(rng)
-            model.zero_grad(set_to_none=True)
-        name = str(dtype).removeprefix("torch.")
-        seconds[name] = min(seconds.get(name, best), best)
-        return best
-
-    timer.seconds = seconds
-    return timer
-
-
-def pick_cpu_dtype(has_flag, timer=time_mlp):
-    """'bfloat16' only where it is measured to be >= 1.25x faster than fp32, else 'float32'."""
-    if not has_flag:
-        return "float32"
-    fp32 = timer(torch.float32, 5)
-    if timer(torch.bfloat16, 1) >= fp32:  # one slow try settles it (no 5 slow repeats)
-        return "float32"
-    return "bfloat16" if timer(torch.bfloat16, 4) * 1.25 < fp32 else "float32"
-
-
-def dtype_cache_path():
-    """Where the CPU precision decisions are kept: $DISCOLOOP_DTYPE_CACHE, else ~/.cache/discoloop/cpu_dtype.json.
-    Delete the file (or pass --dtype=float32 / bfloat16) to decide again."""
-    return os.environ.get("DISCOLOOP_DTYPE_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "discoloop",
-                                                                    "cpu_dtype.json")
-
-
-def cpu_name():
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "unknown cpu")
-    except OSError:
-        return "unknown cpu"
-
-
-def cached_cpu_dtype(what, decide):
-    """('float32' | 'bfloat16', where it came from). A timing close to the threshold would flip between two starts
-    of one command (bf16 is 1.4-1.6x faster on one EPYC, the threshold 1.25x), so it is decided once per machine,
-    torch, thread count and `what` (the model and batch shape), kept in dtype_cache_path(), and reused."""
-    key = f"{cpu_name()} | torch {torch.__version__} | threads {torch.get_num_threads()} | {what}"
-    path = dtype_cache_path()
-    try:
-        with open(path) as f:
-            known = json.load(f)
-        if known.get(key) in DTYPES:
-            return known[key], f"decided earlier on this machine (kept in {path})"
-    except (OSError, ValueError, AttributeError):
-        known = {}
-    choice = decide()
-    with contextlib.suppress(OSError):  # an unwritable home: decide at every start instead
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        atomic_write(path, json.dumps({**known, key: choice}, indent=1))
-    return choice, f"timed now (kept in {path})"
-
-
-@functools.lru_cache(maxsize=None)
-def auto_cpu_dtype():
-    return cached_cpu_dtype("a 128x512 MLP", lambda: pick_cpu_dtype(cpu_has_bf16_flag()))[0]
-
-
-def resolve_dtype(dtype, device):
-    """'auto' -> a concrete dtype name for this device (see the module docstring)."""
-    if dtype != "auto":
-        return dtype
-    if device.startswith("cuda"):
-        return "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
-    if device.startswith("cpu"):
-        return auto_cpu_dtype()
-    return "float32"
 
 
 def autocast(device, dtype):

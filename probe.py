@@ -21,9 +21,10 @@ import torch.nn.functional as F
 
 from checkpoint import config_mismatch, load_checkpoint, model_from_checkpoint
 import plots
-from common import (ERRORS, SYSTEM_CHECKS, CheckpointError, ConfigError, DataError, autocast, die, resolve_dtype, setup,
+from common import (ERRORS, SYSTEM_CHECKS, CheckpointError, ConfigError, DataError, autocast, die, setup,
                     table)
 from configurator import INT_GE1, OUTPUT, configure, num, one_of
+from precision import resolve_dtype
 from runlog import STOP_METRIC_CHECK
 from datafolder import kind_of, read_meta
 from tasks import QAData, accuracy
@@ -274,7 +275,7 @@ DEFAULTS = dict(
     raw=False,        # probe the raw weights, not the weight average (EMA)
     threads=0,        # CPU threads (0 = torch's choice)
     device="auto",    # 'auto' | 'cpu' | 'cuda' (common.py's rule)
-    dtype="float32",  # probes measure: fp32 unless asked; 'auto' = common.py's rule, 'bfloat16'
+    dtype="float32",  # probes measure: fp32 unless asked; 'auto' = precision.py's rule, 'bfloat16'
 )
 CHECKPOINT_KEYS = {"ckpt", "data_dir", "json", "raw", "threads", "device", "dtype"}
 USES = {"acc": CHECKPOINT_KEYS | {"n_loop"}, "lens": CHECKPOINT_KEYS, "gate": CHECKPOINT_KEYS,

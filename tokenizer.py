@@ -11,10 +11,13 @@ Every tokenizer of the repo, and the record a checkpoint carries of its own.
   whatever file or folder now sits at the recorded path (a tokenizer.json and a word vocabulary are stored
   whole; a tiktoken encoding by name and the hash of its ranks, checked when rebuilt).
 - `to_hf_tokenizer(enc)`: the same ids as a `tokenizers.Tokenizer`, for the Hugging Face export.
+- `tokenizer_sha256(c)`: the hash token shards record of their tokenizer when made; `check_data_tokenizer`
+  compares it when training starts, and a Hugging Face folder's own tokenizer (init_from) with the data's.
 """
 import hashlib
 import json
 import os
+import sys
 import tarfile
 
 from common import ConfigError, DataError, atomic_write, pip_download, sha256_of
@@ -164,9 +167,16 @@ def record(enc):
     return {"kind": "tiktoken", "name": enc.name, "sha256": ranks_hash(enc)}
 
 
+RECORD_FIELDS = {"words": ("vocab",), "tokenizer.json": ("json", "eot", "name"), "tiktoken": ("name", "sha256")}  # record()'s
+
+
 def from_record(rec, data_config):
     """The tokenizer a checkpoint recorded; a tiktoken encoding is rebuilt from its data config and must hash as
     recorded (a replaced ranks file is a one-line DataError, never garbage decoded in silence)."""
+    fields = RECORD_FIELDS.get(rec.get("kind")) if isinstance(rec, dict) and isinstance(rec.get("kind"), str) else None
+    if fields is None or any(f not in rec for f in fields):
+        raise DataError(f"the checkpoint's tokenizer record ({str(rec)[:60]}) is not one this code reads: allowed a "
+                        f"dict of kind {' | '.join(f'{k!r} with {v}' for k, v in RECORD_FIELDS.items())}")
     if rec["kind"] == "words":
         return WordVocab(rec["vocab"])
     if rec["kind"] == "tokenizer.json":
@@ -188,6 +198,92 @@ def tokenizer_for(ckpt):
     if "encoding" in data_config:
         return get_encoding(data_config)
     return WordVocab(read_meta(ckpt["config"]["data_dir"])["vocab"])
+
+
+def data_tokenizer(data):
+    """The tokenizer whose ids an opened dataset holds: a question-answer folder's words, the encoding token shards
+    were made with, or None (shards of no generator)."""
+    if "vocab" in getattr(data, "meta", {}):
+        return WordVocab(data.meta["vocab"])
+    return get_encoding(data.config) if "encoding" in data.config else None
+
+
+def tokenizer_sha256(c, enc=None):
+    """What names the tokenizer of a data config exactly: the sha256 of its tokenizer.json file, else of its
+    tiktoken ranks (ranks_hash; `enc`, already built, saves building it again)."""
+    if c.get("tokenizer_file"):
+        return sha256_of(c["tokenizer_file"])
+    return ranks_hash(enc or get_encoding(c))
+
+
+def check_shards_tokenizer(c, data_dir):
+    """Token shards are ids of the tokenizer they were made with: the file their meta.json names must still be that
+    one (its hash, recorded when they were made), or the checkpoint would record a tokenizer that is not theirs.
+    Folders made before the hash was recorded are taken on trust, said in one line."""
+    path = c.get("tokenizer_file") or c.get("tiktoken_file")
+    if "encoding" not in c or ("tokenizer_sha256" not in c and not path):
+        return  # shards of no generator, or a named encoding (tiktoken checks its own ranks)
+    if "tokenizer_sha256" not in c:
+        print(f"note: '{data_dir}' was made before shards recorded their tokenizer's hash: '{path}' is taken to be the "
+              "one they were made with (prepare them again to record it)", file=sys.stderr)
+        return
+    if path and not os.path.isfile(path):
+        raise DataError(f"'{data_dir}' was tokenized with '{path}', which is not there now: restore it or prepare "
+                        "the shards again")
+    now = tokenizer_sha256(c)
+    if now != c["tokenizer_sha256"]:
+        raise DataError(f"'{path or c['encoding']}' has sha256 {now[:12]}..., but the shards of '{data_dir}' were made "
+                        f"with {c['tokenizer_sha256'][:12]}...: the tokenizer was replaced since; restore it or "
+                        "prepare the shards again")
+
+
+def folder_vocab(folder):
+    """{token: id} of the tokenizer a model folder carries (tokenizer.json, else GPT-2's vocab.json), or None."""
+    path = os.path.join(folder, "tokenizer.json")
+    try:
+        if os.path.isfile(path):
+            from tokenizers import Tokenizer
+            return Tokenizer.from_file(path).get_vocab(with_added_tokens=True)
+        path = os.path.join(folder, "vocab.json")
+        if os.path.isfile(path):
+            with open(path, encoding="utf-8") as f:
+                return dict(json.load(f))
+    except Exception as e:  # a damaged file: its own loader says so later, in one line; here it decides nothing
+        raise DataError(f"'{path}' is not a readable tokenizer ({type(e).__name__})") from None
+    return None
+
+
+def token_ids(enc):
+    """{token: id} of an encoder, spelled as a Hugging Face tokenizer spells it (byte-level BPE strings)."""
+    if isinstance(enc, WordVocab):
+        return dict(enc.stoi)
+    if isinstance(enc, HFEncoding):
+        return enc.tok.get_vocab(with_added_tokens=True)
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+    byte_char = bytes_to_unicode()
+    return {"".join(byte_char[x] for x in t): r for t, r in enc._mergeable_ranks.items()} | enc._special_tokens
+
+
+def check_folder_tokenizer(folder, data, data_dir):
+    """init_from=<a Hugging Face folder> that carries its own tokenizer: the data's ids must mean the same tokens
+    (every token of the data's tokenizer at the same id in the folder's), or the pretrained embeddings would be
+    trained on ids of another vocabulary. One line naming both and the first id that differs."""
+    c, path = data.config, os.path.join(folder, "tokenizer.json")
+    if c.get("tokenizer_file") and os.path.isfile(path) and c.get("tokenizer_sha256") == sha256_of(path):
+        return  # the same file (the usual case): no need to read both vocabularies
+    theirs = folder_vocab(folder)
+    enc = data_tokenizer(data) if theirs is not None else None
+    if enc is None:
+        return  # the folder has no tokenizer, or the data records none: nothing to compare
+    at = {i: t for t, i in theirs.items()}
+    ours = token_ids(enc)
+    bad = sorted((i, t) for t, i in ours.items() if at.get(i) != t)
+    if bad:
+        i, t = bad[0]
+        raise DataError(f"init_from={folder!r} carries its own tokenizer ({len(theirs)} tokens), and data_dir "
+                        f"'{data_dir}' was tokenized with another ({enc.name if hasattr(enc, 'name') else 'its words'}, "
+                        f"{len(ours)} tokens): id {i} is {t!r} in the data, {at.get(i)!r} in the folder; tokenize the "
+                        "data with the folder's tokenizer (data/pretrain/prepare.py --tokenizer_file=...)")
 
 
 def to_hf_tokenizer(enc):

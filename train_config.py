@@ -3,11 +3,14 @@ train.py's keys: each key's default and meaning (--help prints the comment on it
 and the checks that need the opened dataset. Model keys are GPTConfig's (model.py), checked there.
 Importable without running training, so bench.py plans and times a training config with the same keys.
 """
+import os
+
 from common import SYSTEM_CHECKS, ConfigError
 from configurator import FOLDER, INT_GE0, INT_GE1, OUTPUT, num, one_of
 import curriculum
 from model import RECURRENCES, GPTConfig
 from runlog import STOP_METRIC_CHECK
+from tokenizer import check_folder_tokenizer, check_shards_tokenizer
 
 _imported = set(globals())  # every name above is not a key
 # -----------------------------------------------------------------------------
@@ -17,7 +20,7 @@ eval_interval = 390          # iterations between evaluations and checkpoints (1
 log_interval = 10            # iterations between reading the loss back (the only host sync of a step)
 keep_every = 0               # > 0: also keep ckpt_<iteration>.pt every this many iterations (a multiple of eval_interval), to probe a run at several epochs
 eval_only = False            # evaluate the checkpoint in out_dir once and exit
-init_from = "scratch"        # 'scratch', 'resume' (from out_dir/ckpt.pt), or a folder whose weights start a new run with this config's optimizer and schedule: a run folder / checkpoint (a branch), or a Hugging Face model folder (GPT.from_pretrained)
+init_from = "scratch"        # 'scratch', 'resume' (from out_dir/ckpt.pt), or a folder whose weights start a new run with this config's optimizer and schedule: a run folder / checkpoint (a branch), or a Hugging Face model folder (pretrained.py: it decides the architecture)
 overwrite = False            # with init_from='scratch': replace the checkpoint and metrics already in out_dir
 wandb_log = False            # also log metrics to wandb
 wandb_project = "discoloop"  # wandb project name
@@ -127,6 +130,7 @@ def check(config):
 def check_with_data(config, data):
     """The keys that are checked against the training data (train.py, once the folder is open): metric names,
     the position shift, the vocabulary, and a first batch that the mix at iteration 0 can fill."""
+    check_data_belongs(config, data)
     names, val = data.metric_names, [m for m in data.metric_names if "val" in m]
     curriculum.check_against(config["split_join"], names)
     if config["stop_metric"] and config["stop_metric"] not in names:
@@ -144,6 +148,27 @@ def check_with_data(config, data):
     if first is not None and batch * accum > first:
         raise ConfigError(f"batch_size={batch} x gradient_accumulation_steps={accum} is more than the {first} training "
                           f"examples in the mix at iteration 0 of '{config['data_dir']}': allowed at most {first}")
+
+
+def check_data_belongs(config, data):
+    """The data is the one the config and the starting weights mean: Stage-1 splits are asked only of question-answer
+    data; a token corpus is prepared once, so data_args that say otherwise than its folder are refused, not ignored;
+    the tokenizer its shards name is still the one they were made with; an init_from folder's own tokenizer is the
+    data's."""
+    d, corpus = config["data_dir"], not hasattr(data, "keep_stage1")
+    if corpus and config["stage1_splits"] != KEYS["stage1_splits"]:
+        raise ConfigError(f"stage1_splits={config['stage1_splits']!r} names question-answer splits; '{d}' is a token "
+                          f"corpus (no splits): allowed only the default {KEYS['stage1_splits']!r}")
+    for k, v in config["data_args"].items() if corpus else ():
+        have = data.config.get(k, v)  # a key the folder does not record (max_tokens, num_proc) is not compared
+        if v != have and not (isinstance(v, str) and os.path.abspath(v) == os.path.abspath(str(have))):
+            raise ConfigError(f"data_args {k}={v!r}, but data_dir '{d}' holds shards made with {k}={have!r}: a corpus "
+                              "is prepared once, so data_args would be ignored; allowed the folder's value, another "
+                              "data_dir, or --data_args={} (the folder as it is)")
+    check_shards_tokenizer(data.config, d)
+    init = config["init_from"]
+    if init not in ("scratch", "resume") and os.path.isdir(init) and not os.path.exists(os.path.join(init, "ckpt.pt")):
+        check_folder_tokenizer(init, data, d)
 
 
 def check_loops_by_hops(config, data):

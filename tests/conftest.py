@@ -13,7 +13,7 @@ sys.path.insert(0, REPO)
 os.environ.setdefault("WANDB_MODE", "disabled")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TIKTOKEN_CACHE_DIR", "")
-# the CPU precision decisions of this test session (common.cached_cpu_dtype) stay out of the user's ~/.cache
+# the CPU precision decisions of this test session (precision.cached_cpu_dtype) stay out of the user's ~/.cache
 os.environ.setdefault("DISCOLOOP_DTYPE_CACHE", os.path.join(tempfile.mkdtemp(prefix="discoloop-tests-"), "cpu_dtype.json"))
 
 # a tiny symbolic graph: trains in seconds, same code path as the paper-size one

@@ -10,8 +10,9 @@ import torch
 
 from checkpoint import RESUME_KEYS, load_checkpoint
 from common import CheckpointError
-from common import DataError, pick_cpu_dtype
+from common import DataError
 from conftest import run, tiny_train_args
+from precision import pick_cpu_dtype
 
 SCRIPTS = [["train.py"], ["eval_harness.py"], ["bench.py"], ["bench.py", "plan"], ["bench.py", "breaks"],
            ["data/symbolic/prepare.py"], ["data/nl/prepare.py"], ["data/pretrain/prepare.py"], ["data/pretrain/local_task.py"],
@@ -61,7 +62,7 @@ def test_nan_from_config_file_and_bad_paths(tiny_data, tmp_path):
     one_line(run(["train.py", str(tmp_path)]), "is a directory")
     f = tmp_path / "afile"
     f.write_text("x")
-    one_line(run(tiny_train_args(tiny_data, str(f))), "existing file")
+    one_line(run(tiny_train_args(tiny_data, str(f))), "is a file")
 
 
 def test_checkpoint_damage_one_line(tiny_data, tmp_path):
@@ -90,7 +91,7 @@ def shards(tmp_path, tokens, vocab=50, meta_extra=None):
     d.mkdir()
     np.asarray(tokens, dtype=np.uint16).tofile(d / "train_000000.bin")
     np.asarray(tokens, dtype=np.uint16).tofile(d / "val_000000.bin")
-    meta = {"dtype": "uint16", "vocab_size": vocab, "eot": 0, "encoding": "bytes",
+    meta = {"kind": "tokens", "generator": "pretrain", "dtype": "uint16", "vocab_size": vocab, "eot": 0, "encoding": "bytes",
             "shards": {"train": [["train_000000.bin", len(tokens)]], "val": [["val_000000.bin", len(tokens)]]}}
     (d / "meta.json").write_text(json.dumps({**meta, **(meta_extra or {})}))
     return str(d)

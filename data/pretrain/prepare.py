@@ -26,7 +26,7 @@ sys.path.insert(0, REPO)
 from common import ConfigError, DataError, atomic_write, pip_download  # noqa: E402
 from configurator import FOLDER, INT_GE0, INT_GE1, cli  # noqa: E402
 from datafolder import check_ours, prepare_lock  # noqa: E402
-from tokenizer import DEFAULT_EOT, get_encoding  # noqa: E402
+from tokenizer import DEFAULT_EOT, get_encoding, tokenizer_sha256  # noqa: E402
 
 HUB_SOURCES = "hf:HuggingFaceFW/fineweb-edu:sample-100BT,hf:HuggingFaceTB/finemath:finemath-4plus"
 ON_FIRST_USE = False  # a corpus is a job of its own: train.py prepares one only when data_args say how
@@ -50,6 +50,9 @@ CHECKS = {"out_dir": FOLDER, "max_tokens": INT_GE1, "val_tokens": INT_GE0, "shar
           "num_proc": INT_GE1}
 GENERATOR_KEYS = ["data_files", "weights", "text_column", "encoding", "tiktoken_file", "tokenizer_file",
                   "tokenizer_eot", "val_tokens", "shard_tokens"]
+# meta.json's config also keeps n_vocab and the tokenizer's hash: a path alone would let a replaced tokenizer.json
+# be recorded into checkpoints (train.py compares it) or resume a half-made corpus with other ids
+ADDED = ["tokenizer_sha256"]  # folders made before it: taken on trust (train.py says so)
 SDIST_CACHE = os.path.join(REPO, "data", "pretrain", "sdist")  # unpacked source packages (sdist: sources)
 
 
@@ -205,7 +208,7 @@ def read_state(out, generator):
     for a folder it may start in. A folder it did not make is refused, untouched (datafolder.check_ours)."""
     state_path = os.path.join(out, "state.json")
     if os.path.exists(os.path.join(out, "meta.json")) or not os.path.exists(state_path):
-        check_ours(out, "tokens", "pretrain", generator, list(generator))
+        check_ours(out, "tokens", "pretrain", generator, list(generator), ADDED)
     if not os.path.exists(state_path):
         return None
     try:
@@ -216,7 +219,7 @@ def read_state(out, generator):
         raise DataError(f"'{state_path}' is damaged (not the state of an unfinished prepare): delete '{out}' "
                         "to start over") from None
     for k, v in generator.items():
-        if have.get(k) != v:
+        if have.get(k, v if k in ADDED else None) != v:
             raise DataError(f"'{out}' holds shards made with {k}={have.get(k)!r}, not {v!r}: left untouched; "
                             "delete it or choose another out_dir")
     if old.get("pending") and not os.path.isfile(os.path.join(out, old["pending"])):
@@ -227,7 +230,7 @@ def read_state(out, generator):
 
 def write_shards(c, enc, out):
     dtype = np.uint16 if enc.n_vocab <= 2**16 else np.uint32
-    generator = {k: c[k] for k in GENERATOR_KEYS} | {"n_vocab": enc.n_vocab}
+    generator = {k: c[k] for k in GENERATOR_KEYS} | {"n_vocab": enc.n_vocab, "tokenizer_sha256": tokenizer_sha256(c, enc)}
     n_src = len(c["data_files"].split(","))
     state = read_state(out, generator) or {"config": generator, "consumed": [0] * n_src, "tokens": [0] * n_src,
                                            "shards": {"val": [], "train": []}}
