@@ -8,24 +8,29 @@ here is asserted by tests.
     python bench.py --compile=True           # also time torch.compile
     python bench.py --variants=loop,disco    # only these (all are built at once: at 440M on CPU, RAM decides)
     python bench.py plan config/pretrain.py --world_size=8   # per-rank memory plan + throughput at a stated MFU
+    python bench.py phi config/pretrain.py    # every top-k Phi kernel (kernels.PHI_KERNELS) against its decode matmul
 
 Memory: bytes that autograd keeps for backward (counted with saved_tensors_hooks, the same on
 every device), and on CUDA the allocator's peak during a step above the resident weights. The Phi
 table isolates Phi: exact keeps (B, T, V) probabilities, top-k keeps (B, T, k).
 """
+import copy
 import json
 import statistics
 import sys
 import time
 
 import torch
+import torch._dynamo
+import torch.nn.functional as F
 
 import train_config
-from kernels import TopkPhi
+from kernels import PHI_KERNELS, TopkPhi
 from memory import format_plan, plan
-from common import DTYPES, SYSTEM_CHECKS, ConfigError, autocast, die, resolve_dtype, setup, table
+from common import DTYPES, SYSTEM_CHECKS, ConfigError, autocast, die, setup, table
 from configurator import INT_GE0, INT_GE1, OUTPUT, configure
 from model import GPT, RECURRENCES, GPTConfig
+from precision import resolve_dtype
 
 # the benchmarked shape: a CPU-sized, pretraining-like model (Ouro's sandwich norm, top-128 Phi); every other
 # model key (and any of these, on the command line) is GPTConfig's
@@ -135,7 +140,7 @@ def build_variants(c, names, device):
         name = f"{rec}" + (f" top-{k}" if k else (" exact" if RECURRENCES[rec].phi else ""))
         for compiled in ([False, True] if c["compile"] else [False]):
             label = name + (" compiled" if compiled else "")
-            models[label], raw[label] = (torch.compile(model) if compiled else model), model
+            models[label], raw[label] = (copy.deepcopy(model).compile_blocks() if compiled else model), model
     return models, raw
 
 
@@ -211,7 +216,7 @@ def phi_memory(c, device, ctx):
 
 def main(argv):
     c, names, device = main_config(argv)
-    dtype = resolve_dtype(c["dtype"], device)  # common.py: fp32 on a CPU where bf16 is slower
+    dtype = resolve_dtype(c["dtype"], device)  # precision.py: fp32 on a CPU where bf16 is slower
     ctx = autocast(device, dtype)
     peak = matmul_peak(device, DTYPES[dtype], n=min(2048, 4 * c["n_embd"]))  # the benchmarked width sets its size
     B, T = c["batch_size"], c["block_size"]
@@ -280,8 +285,8 @@ def plan_main(argv):
 
 
 def breaks_main(argv):
-    """bench.py breaks CONFIG [--key=value ...]: torch.compile graph breaks of the configured model's
-    training forward (torch._dynamo.explain runs on CPU; the count does not depend on T, so T is small)."""
+    """bench.py breaks CONFIG [--key=value ...]: torch.compile graph breaks of one Block's training forward, the
+    region train.py compiles (torch._dynamo.explain runs on CPU; the count does not depend on T, so T is small)."""
     import torch._dynamo
     c = training_config(argv, "breaks", breaks_main.__doc__, {"T": 64},  # sequence length traced (breaks do not depend on it)
                         {"T": INT_GE1}, need_file=False, need_vocab=False)
@@ -290,8 +295,9 @@ def breaks_main(argv):
     except ValueError as e:
         die(e)
     model = GPT(cfg)
-    x = torch.randint(0, cfg.vocab_size, (1, c["T"]))
-    ex = torch._dynamo.explain(model)(x, x)
+    x = torch.randn(1, c["T"], cfg.n_embd, requires_grad=True)
+    rope = (model.rope_cos, model.rope_sin) if cfg.pos_emb == "rope" else None
+    ex = torch._dynamo.explain(model.transformer.h[0])(x, rope)
     print(f"{cfg.recurrence} top-k={cfg.phi_topk} activation_checkpointing={cfg.activation_checkpointing!r}: "
           f"{ex.graph_count} graph(s), {ex.graph_break_count} break(s)")
     for b in ex.break_reasons:
@@ -300,11 +306,57 @@ def breaks_main(argv):
     return ex.graph_break_count
 
 
+TOY = dict(n_embd=64, n_head=4, block_size=64, vocab_size=2048, batch_size=2)  # bench.py compile's width
+
+
+def compile_main(argv):
+    """bench.py compile CONFIG [--modes=eager,blocks,whole] [--steps=3]: seconds to the first training step (compile
+    included, Inductor's caches off) and the later step time, eager against each Block compiled on its own (train.py's
+    compile=True) and against the whole unrolled model, at the config's depth, K and options and a toy width (TOY),
+    in one process; unique compiled graphs show whether anything recompiles across layers or loops."""
+    import torch._inductor.config
+    from torch._dynamo.utils import counters
+    extra = {"modes": "eager,blocks,whole",  # comma list of eager | blocks (per block) | whole (torch.compile(model))
+             "steps": 3}                     # later steps timed (median), after the first
+    c = training_config(argv, "compile", compile_main.__doc__, extra, {"steps": INT_GE1}, need_vocab=False)
+    c.update(TOY, phi_topk=min(c["phi_topk"], TOY["vocab_size"]), phi_chunk=0, loss_chunk=0)
+    modes = c["modes"].split(",")
+    try:
+        if not modes or not set(modes) <= {"eager", "blocks", "whole"}:
+            raise ConfigError(f"modes={c['modes']!r} is invalid: a comma list of eager, blocks, whole")
+        cfg = GPTConfig.from_dict(c)
+        device = setup(c["device"], c["threads"])
+    except (ConfigError, ValueError) as e:
+        die(e)
+    torch._inductor.config.force_disable_caches = True  # seconds to the first step as a new machine sees them
+    x = torch.randint(0, cfg.vocab_size, (c["batch_size"], c["block_size"]), device=device)
+    rows = []
+    for mode in modes:
+        torch._dynamo.reset()
+        counters.clear()
+        torch.manual_seed(0)
+        model = GPT(cfg).to(device)
+        m = model.compile_blocks() if mode == "blocks" else torch.compile(model) if mode == "whole" else model
+
+        def step():
+            m(x, x)[1].backward()
+
+        first = timed(step, 1, device)
+        later = timed(step, c["steps"], device)
+        rows.append([mode, round(first, 1), round(later * 1000, 1), counters["stats"]["unique_graphs"]])
+    ref = rows[0][2]
+    print(f"{cfg.recurrence} n_layer={cfg.n_layer} K={cfg.n_loop} activation_checkpointing="
+          f"{cfg.activation_checkpointing!r}, toy width {TOY}, device {device}, torch {torch.__version__}")
+    print(table(["mode", "first step s", "later step ms", "compiled graphs", f"step vs {rows[0][0]}"],
+                [row + [f"{row[2] / ref:.3f}x"] for row in rows]))
+    return rows
+
+
 def step_main(argv):
     """bench.py step CONFIG [--variants=loop,disco] [--steps=10]: training steps of a config's real model on this
     device (random tokens, fused AdamW/Muon, the config's dtype and compile), for each recurrence in variants, in one
-    process: peak memory (torch.cuda.max_memory_allocated) against `bench.py plan`'s figure at the same micro-batch,
-    median step time, tokens/s, MFU against --peak_flops (default: an H100's dense bf16 989 TFLOP/s), each step
+    process: seconds to the first step (compile=True: per block, as train.py), peak memory
+    (torch.cuda.max_memory_allocated) against `bench.py plan`'s figure at the same micro-batch, median step time, tokens/s, MFU against --peak_flops (default: an H100's dense bf16 989 TFLOP/s), each step
     time over the first variant's, and top-k Phi's share of the step (its forward + backward timed alone, x K-1)."""
     extra = {"variants": "loop,disco",  # comma list of recurrences to measure (the first is the reference)
              "steps": 10}               # timed steps per variant (after 3 untimed)
@@ -324,11 +376,11 @@ def step_main(argv):
         rows.append(measure_step(c, r, device, dtype))
         if device.startswith("cuda"):
             torch.cuda.empty_cache()
-    ref = rows[0][1]
+    ref = rows[0][2]
     print(f"device {device}, dtype {dtype}, compile {c['compile']}, micro-batch {c['batch_size']} x {c['block_size']}, "
           f"torch {torch.__version__}")
-    print(table(["recurrence", "step ms", "tokens/s", "MFU", "peak GB", "plan GB", "top-k Phi share", "step vs first"],
-                [row + [f"{row[1] / ref:.3f}x"] for row in rows]))
+    print(table(["recurrence", "first step s", "step ms", "tokens/s", "MFU", "peak GB", "plan GB", "top-k Phi share",
+                 "step vs first"], [row + [f"{row[2] / ref:.3f}x"] for row in rows]))
 
 
 def timed(fn, n, device):
@@ -348,12 +400,13 @@ def measure_step(c, r, device, dtype):
     is built."""
     cfg = GPTConfig.from_dict({**c, "recurrence": r})
     ctx, cuda = autocast(device, dtype), device.startswith("cuda")
+    torch._dynamo.reset()  # each row compiles its blocks afresh (its first step is what a new run pays)
     B, T = c["batch_size"], c["block_size"]
     torch.manual_seed(0)
     model = GPT(cfg).to(device)
     opts = model.configure_optimizers(c["optimizer"], c["learning_rate"], c["weight_decay"], (c["beta1"], c["beta2"]),
                                       c["adam_eps"], c["muon_momentum"], fused=cuda)
-    m = torch.compile(model) if c["compile"] else model
+    m = model.compile_blocks() if c["compile"] else model  # train.py's compile: per block
     x = torch.randint(0, cfg.vocab_size, (B, T), device=device)
     y = torch.randint(0, cfg.vocab_size, (B, T), device=device)
 
@@ -366,7 +419,8 @@ def measure_step(c, r, device, dtype):
             o.step()
             o.zero_grad(set_to_none=True)
 
-    timed(step, 3, device)  # compiles, allocates optimizer state
+    first = timed(step, 1, device)  # compiles (per block), allocates optimizer state
+    timed(step, 2, device)
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     dt = timed(step, c["steps"], device)
@@ -374,8 +428,8 @@ def measure_step(c, r, device, dtype):
     planned = plan({**c, "recurrence": r, "gradient_accumulation_steps": 1}, 1, DTYPES[dtype]).total / 1e9
     share = topk_phi_seconds(model, B, T, ctx, device, c["steps"]) / dt
     mfu = model.flops_per_token(T, recompute=False) * B * T / dt / (c["peak_flops"] or H100_BF16_PEAK)
-    return [RECURRENCES[r].label, round(dt * 1000, 1), round(B * T / dt), round(mfu, 4), round(peak, 2),
-            round(planned, 2), round(share, 3)]
+    return [RECURRENCES[r].label, round(first, 1), round(dt * 1000, 1), round(B * T / dt), round(mfu, 4),
+            round(peak, 2), round(planned, 2), round(share, 3)]
 
 
 def topk_phi_seconds(model, B, T, ctx, device, steps):
@@ -422,6 +476,143 @@ def sample_main(argv):
                  for name, uc in (("with the (loop, layer) cache", True), ("without (whole prefix every token)", False))]))
 
 
+
+def phi_main(argv):
+    """bench.py phi CONFIG [--rows=N] [--kernels=bag,dense] [--iters=5] [--warmup=2] [--json=FILE]: every top-k Phi
+    kernel of kernels.PHI_KERNELS, forward + backward, at a training config's shape (batch_size x block_size rows,
+    n_embd, vocab_size, phi_topk, phi_tau, phi_chunk positions of every sequence at a time, dtype) in one process,
+    timed round robin against the decode matmul alone (the floor: F.linear(x, W) chunk by chunk, forward only), with
+    each kernel's largest difference from "bag" (today's kernel) in the run's dtype: rounding, and ties at the k-th
+    logit broken differently (bf16 logits tie often). "compiled" is timed where compile=True or kernels names it."""
+    c, names, device = phi_config(argv)
+    dtype = resolve_dtype(c["dtype"], device)
+    ctx, (x, W, g, chunk), k, tau = autocast(device, dtype), phi_inputs(c, device), c["phi_topk"], c["phi_tau"]
+    print(f"device {device}, dtype {dtype}, torch {torch.__version__}, threads {torch.get_num_threads()}")
+    print(f"shape: rows={x.size(1)} d={W.size(1)} V={W.size(0)} k={k} tau={tau} chunk={chunk} rows\n")
+    steps, diffs, failed = phi_checks(names, x, W, g, k, tau, chunk, ctx, device)
+    floors = {"matmul fwd (floor)": matmul_step(x, W, chunk, ctx, False),
+              "matmul fwd+bwd (3 matmuls)": matmul_step(x, W, chunk, ctx, True)}
+    times = round_robin({**floors, **steps}, c["iters"], c["warmup"], device)
+    rows = phi_rows(times, diffs, "bag" in steps)
+    if c["json"]:
+        shape = {"rows": x.size(1), "n_embd": W.size(1), "vocab_size": W.size(0), "k": k, "tau": tau, "chunk_rows": chunk}
+        with open(c["json"], "w") as f:
+            json.dump({"device": device, "device_name": torch.cuda.get_device_name() if device.startswith("cuda") else "cpu",
+                       "torch": torch.__version__, "dtype": dtype, "shape": shape, "kernels": rows, "failed": failed},
+                      f, indent=1)
+    return rows
+
+
+def phi_config(argv):
+    """bench.py phi's keys, checked before any work: (config, kernel names, device); one line and exit 2 if bad."""
+    extra = {"rows": 0,       # rows (positions) Phi is timed on; 0 = batch_size x block_size
+             "kernels": "",   # comma list of kernels.PHI_KERNELS to time, including bag ('' = all; compiled only with compile=True)
+             "iters": 5,      # timed calls per kernel, round robin
+             "warmup": 2,     # untimed calls per kernel first
+             "json": ""}      # also write the results to this JSON file
+    c = training_config(argv, "phi", phi_main.__doc__, extra, {"rows": INT_GE0, "iters": INT_GE1, "warmup": INT_GE0})
+    try:
+        if not c["phi_topk"]:
+            raise ConfigError(f"phi_topk=0 is invalid: bench.py phi times top-k Phi, allowed 1..vocab_size={c['vocab_size']}")
+        names = c["kernels"].split(",") if c["kernels"] else [n for n in PHI_KERNELS if c["compile"] or n != "compiled"]
+        if not set(names) <= set(PHI_KERNELS) or "bag" not in names:
+            raise ConfigError(f"kernels={c['kernels']!r} is invalid: allowed a comma list of {tuple(PHI_KERNELS)} "
+                              "including bag (the reference), or '' for all")
+        return c, ["bag"] + [n for n in dict.fromkeys(names) if n != "bag"], setup(c["device"], c["threads"])
+    except (ConfigError, ValueError) as e:
+        die(e)
+
+
+def phi_inputs(c, device):
+    """(x, W, g, chunk): normed states x (1, rows, d) and the upstream gradient g, unit scale; W (V, d) at the
+    embedding's init scale; chunk = the model's rows per Phi chunk, batch_size x phi_chunk (one (1, rows) sequence
+    chunked by rows does the model's (B, chunk) chunk's work)."""
+    rows = c["rows"] or c["batch_size"] * c["block_size"]
+    torch.manual_seed(0)
+    x = torch.randn(1, rows, c["n_embd"], device=device, requires_grad=True)
+    W = (0.02 * torch.randn(c["vocab_size"], c["n_embd"], device=device)).requires_grad_()
+    g = torch.randn(1, rows, c["n_embd"], device=device)
+    return x, W, g, (c["batch_size"] * c["phi_chunk"]) or rows
+
+
+def phi_step(kernel, x, W, g, k, tau, chunk, ctx):
+    """One forward (under the run's autocast) + backward of a Phi kernel; returns (Phi, dx, dW)."""
+    def step():
+        x.grad = W.grad = None
+        with ctx:
+            e = kernel(x, W, k, tau, chunk)
+        e.backward(g.to(e.dtype))
+        return e.detach(), x.grad, W.grad
+    return step
+
+
+def phi_checks(names, x, W, g, k, tau, chunk, ctx, device):
+    """Each kernel's first call (it compiles, if it does), untimed: ({name: its step}, {name: largest absolute
+    differences of (Phi, dx, dW) from bag's and, on CUDA, its peak above what was allocated before it},
+    {name: why it failed}); a kernel that fails (out of memory, an op this device lacks) is left out."""
+    steps, diffs, failed, ref, cuda = {}, {}, {}, None, device.startswith("cuda")
+    for name in names:  # bag first (phi_config)
+        step = phi_step(PHI_KERNELS[name], x, W, g, k, tau, chunk, ctx)
+        x.grad = W.grad = None  # the previous kernel's gradients are not this one's peak
+        if cuda:
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated() if cuda else 0
+        try:
+            out = step()
+        except (RuntimeError, NotImplementedError) as e:
+            failed[name] = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+            print(f"{name}: failed, left out: {failed[name]}")
+            continue
+        if name == "bag":
+            ref = [t.clone() for t in out]
+        steps[name] = step
+        diffs[name] = {"diff": [(a.float() - b.float()).abs().max().item() for a, b in zip(out, ref)] if ref else None,
+                       "peak_MB": (torch.cuda.max_memory_allocated() - before) / 2**20 if cuda else None}
+    return steps, diffs, failed
+
+
+def matmul_step(x, W, chunk, ctx, backward):
+    """Phi's decode matmul alone, chunk by chunk: logits = x W^T (the floor); with backward, also a dense logits
+    gradient's two matmuls, dx = G W and dW = G^T x (the logits stand in for G)."""
+    def step():
+        with torch.no_grad(), ctx:
+            for xs in x[0].split(chunk):
+                logits = F.linear(xs, W)
+                if backward:
+                    logits @ W, logits.t() @ xs  # dx and dW of a dense logits gradient: timed, not kept
+    return step
+
+
+def round_robin(fns, iters, warmup, device):
+    """{name: median seconds}, one call of each in turn, so that load and clocks hit every one alike."""
+    times = {name: [] for name in fns}
+    for i in range(warmup + iters):
+        for name, fn in fns.items():
+            t = timed(fn, 1, device)
+            if i >= warmup:
+                times[name].append(t)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def phi_rows(times, diffs, has_bag):
+    """The table of bench.py phi, printed: ms, ratio to the floor and to bag, differences from bag (and the CUDA
+    peak); returned as {name: {...}} for the JSON."""
+    floor, rows = times["matmul fwd (floor)"], {}
+    for name, t in times.items():
+        d = diffs.get(name, {})
+        rows[name] = {"ms": t * 1e3, "vs_floor": t / floor, "vs_bag": t / times["bag"] if has_bag else None,
+                      "diff": d.get("diff"), "peak_MB": d.get("peak_MB")}
+    cuda = any(r["peak_MB"] is not None for r in rows.values())
+    fmt = lambda v, f: "-" if v is None else format(v, f)
+    print(table(["kernel", "ms", "vs floor", "vs bag", "max |diff| Phi", "max |diff| dx", "max |diff| dW"]
+                + (["CUDA peak (MB)"] if cuda else []),
+                [[name, f"{r['ms']:.2f}", f"{r['vs_floor']:.2f}x", fmt(r["vs_bag"], ".3f") + ("x" if r["vs_bag"] else "")]
+                 + [fmt(v, ".2e") for v in (r["diff"] or [None] * 3)] + ([fmt(r["peak_MB"], ".0f")] if cuda else [])
+                 for name, r in rows.items()]))
+    return rows
+
+
 if __name__ == "__main__":
     if sys.argv[1:2] == ["plan"]:
         plan_main(sys.argv[2:])
@@ -431,5 +622,9 @@ if __name__ == "__main__":
         step_main(sys.argv[2:])
     elif sys.argv[1:2] == ["sample"]:
         sample_main(sys.argv[2:])
+    elif sys.argv[1:2] == ["compile"]:
+        compile_main(sys.argv[2:])
+    elif sys.argv[1:2] == ["phi"]:
+        phi_main(sys.argv[2:])
     else:
         main(sys.argv[1:])

@@ -72,8 +72,7 @@ def owner(path):
         return None
     names = set(os.listdir(path))
     if "meta.json" in names:
-        meta = _json_object(os.path.join(path, "meta.json")) or {}
-        gen = meta.get("generator")
+        gen = read_meta(path).get("generator")  # a damaged meta.json is its own one line
         return f"data/{gen}/prepare.py" if isinstance(gen, str) and gen else "an unknown prepared folder (meta.json)"
     config = _json_object(os.path.join(path, "config.json")) if "config.json" in names else None
     if config is not None and config.get("model_type") == "discoloop":

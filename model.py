@@ -12,14 +12,12 @@ f_theta is the stack `transformer.h` (n_layer blocks). The recurrences (paper no
            pass gives the logits. "3 pondering steps" there = K = 4 here.
 The LM head is ln_f followed by the tied projection W^T, and Phi decodes with that same head (an untied head,
 tie_embeddings=False, for pretrained checkpoints: Phi decodes with it and encodes with W).
-GPT.from_pretrained loads Hugging Face GPT-2, Llama (SmolLM2) and Qwen2 folders (PRETRAINED, at the end).
+pretrained.py loads Hugging Face GPT-2, Llama (SmolLM2) and Qwen2 folders as a GPT (this file knows nothing of it).
 per_loop_norm (Ouro's modeling_ouro.py): ln_f is applied to every loop's output and the normed state
 feeds the next loop; the head and Phi then read that state as it is (no second norm). DiscoLoop's
 order is then: h = ln_f(f(H~)), Phi(h), H~ = h + a * RMSNorm(Phi(h)).
 """
-import json
 import math
-import os
 from dataclasses import dataclass, fields
 
 import torch
@@ -287,7 +285,17 @@ class Block(nn.Module):
         self.ln_2b = make_norm(config) if config.sandwich_norm else nn.Identity()
         self.drop = nn.Dropout(config.dropout)
 
+        # activation_checkpointing='block': keep only the block's input, recompute it in backward. Inside forward, so
+        # that a compiled block (GPT.compile_blocks) compiles checkpoint(block), the order that keeps its memory
+        self.recompute = config.activation_checkpointing == "block"
+
     def forward(self, x, rope=None, cache=None):
+        if self.recompute and torch.is_grad_enabled():
+            # non-reentrant: composes with compile, hooks and autograd.graph hooks, and replays dropout's RNG
+            return checkpoint(self.layers, x, rope, cache, use_reentrant=False)
+        return self.layers(x, rope, cache)
+
+    def layers(self, x, rope=None, cache=None):
         x = x + self.drop(self.ln_1b(self.attn(self.ln_1(x), rope, cache)))
         x = x + self.drop(self.ln_2b(self.mlp(self.ln_2(x))))
         return x
@@ -330,49 +338,6 @@ class GPT(nn.Module):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
         if isinstance(module, nn.Linear) and module.bias is not None:
             nn.init.zeros_(module.bias)
-
-    @classmethod
-    def from_pretrained(cls, folder, **overrides):
-        """A Hugging Face causal-LM folder (config.json + model.safetensors, sharded safetensors with
-        model.safetensors.index.json, or pytorch_model.bin[.index.json]) as a GPT, float32, in eval mode.
-        model_type 'gpt2' (Conv1D weights transposed, learned positions, LayerNorm, GELU tanh = gelu_new) and
-        the Llama family 'llama' (SmolLM2), 'qwen2' (q, k, v biases): RMSNorm, RoPE (Hugging Face's rotate_half
-        is our apply_rope: the weights load as they are), grouped-query attention (n_kv_head), SwiGLU (gate and up
-        fused into c_fc), an untied head when tie_word_embeddings is false. The logits equal transformers' own
-        (tests/test_pretrained.py).
-        overrides: GPTConfig keys other than the architecture's, e.g. recurrence='disco', n_loop=2 to loop the
-        pretrained stack (default recurrence='loop', n_loop=1: the model as it was trained; 'none' gets K copies
-        of the stack; DiscoLoop's ln_inj and gate start fresh), or a shorter block_size."""
-        kind, args, path = pretrained_architecture(folder)
-        bad = [k for k in overrides if k not in GPTConfig.defaults()]
-        if bad:
-            raise ValueError(f"{bad[0]!r} is not a GPTConfig key")
-        fixed = [k for k in overrides if k in args and k != "block_size" and overrides[k] != args[k]]
-        if fixed:
-            raise ValueError(f"{fixed[0]}={overrides[fixed[0]]!r} conflicts with {path}, which has "
-                             f"{fixed[0]}={args[fixed[0]]!r}: the architecture's keys cannot be overridden")
-        n_pos = args["block_size"]
-        config = GPTConfig(**{"recurrence": "loop", "n_loop": 1, **args, **overrides})
-        if config.pos_emb == "learned" and config.block_size > n_pos:
-            raise ValueError(f"block_size={config.block_size} is more than the {n_pos} learned positions of {path}")
-        sd, files = read_hf_weights(folder)
-        ours = PRETRAINED[kind][2](sd, config, files)  # one stack of n_layer blocks, our names and layout
-        if "transformer.wpe.weight" in ours:
-            ours["transformer.wpe.weight"] = ours["transformer.wpe.weight"][:config.block_size]
-        model = cls(config)
-        full = _tile_copies(ours, config.n_layer, config.n_loop if model.rec.copies else 1)
-        want = model.state_dict()
-        for name, t in full.items():
-            if name not in want or want[name].shape != t.shape:
-                raise ValueError(f"{files}: weight for {name} has shape {tuple(t.shape)}, the model built from "
-                                 f"{path} wants {tuple(want[name].shape) if name in want else 'none'}")
-        missing, _ = model.load_state_dict(full, strict=False)
-        new = [m for m in missing if not m.startswith(("transformer.ln_inj.", "gate_")) and ".ln_1b." not in m
-               and ".ln_2b." not in m and not (m == "lm_head.weight" and config.tie_embeddings)]
-        if new:
-            raise ValueError(f"{files} has no weight for {new[0]} ({len(new)} missing)")
-        model.pretrained_fresh = sorted(m for m in missing if not (m == "lm_head.weight" and config.tie_embeddings))
-        return model.eval()
 
     def projection_splits(self):
         """{fused weight: row sizes of the separate projections inside it}: q, k, v in c_attn, and
@@ -431,12 +396,24 @@ class GPT(nn.Module):
         rope = (self.rope_cos, self.rope_sin) if cfg.pos_emb == "rope" else None
         n = cfg.n_layer
         lo, hi = {"prelude": (0, cfg.n_prelude), "coda": (n - cfg.n_coda, n)}.get(part, (cfg.n_prelude, n - cfg.n_coda))
-        recompute = cfg.activation_checkpointing == "block" and torch.is_grad_enabled()
         for i, block in zip(range(lo, hi), self.transformer.h[copy * n + lo:copy * n + hi]):
-            c = cache[i] if cache is not None else None
-            # non-reentrant: composes with compile, hooks and autograd.graph hooks, and replays dropout's RNG
-            x = checkpoint(block, x, rope, c, use_reentrant=False) if recompute else block(x, rope, c)
+            if cache is None:
+                x = block(x, rope)
+            else:  # generation runs the blocks eager: a compiled block would recompile for every cache length
+                x = block.layers(x, rope, cache[i])
         return x
+
+    def compile_blocks(self, enable=True, **options):
+        """torch.compile each Block on its own (regional compilation), never the unrolled model: one compiled graph
+        serves every layer and loop (no Python number differs between the calls), so compile time does not grow
+        with depth x K; checkpoint(block) is compiled whole, so block checkpointing keeps eager's memory. In place
+        (parameter names, state_dict, DDP and module hooks see the same modules); enable=False undoes it."""
+        for block in self.transformer.h:
+            if enable:
+                block.forward = torch.compile(block.forward, **options)  # hooks run outside the compiled region
+            elif "forward" in vars(block):
+                del block.forward
+        return self
 
     def phi(self, h):
         """Decode-then-encode Phi(h) = softmax(head(h)/tau) @ W, exact or top-k (Appendix B; TopkPhi).
@@ -620,160 +597,3 @@ class GPT(nn.Module):
                 total += (cfg.n_loop - 1) * 4 * head
         return total
 
-
-# ---- Hugging Face checkpoints (GPT.from_pretrained) ------------------------------------------------------------
-def pretrained_architecture(folder):
-    """(model_type, {GPTConfig key: value} of the architecture, config.json's path) of a Hugging Face folder: the keys
-    its weights fix (the rest, e.g. the recurrence, are the caller's). One-line errors for what is not supported."""
-    if not os.path.isdir(folder):
-        raise FileNotFoundError(f"no pretrained model folder at '{folder}'")
-    path = os.path.join(folder, "config.json")
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"'{path}' not found: not a Hugging Face model folder")
-    with open(path) as f:
-        hf = json.load(f)
-    kind, archs = hf.get("model_type"), hf.get("architectures") or []
-    if kind not in PRETRAINED or any(a not in PRETRAINED[kind][0] for a in archs):
-        raise ValueError(f"model_type={kind!r} (architectures {archs}) is not supported by GPT.from_pretrained: "
-                         f"supported {', '.join(f'{k} ({a[0]})' for k, a in PRETRAINED.items())}")
-    return kind, PRETRAINED[kind][1](hf, path), path
-
-
-def _tile_copies(ours, n, copies):
-    """One stack's weights for every untied copy (recurrence='none': each copy starts as the pretrained stack)."""
-    full = {}
-    for name, t in ours.items():
-        if name.startswith("transformer.h."):
-            i, rest = name[len("transformer.h."):].split(".", 1)
-            full.update({f"transformer.h.{c * n + int(i)}.{rest}": t for c in range(copies)})
-        else:
-            full[name] = t
-    return full
-
-
-def read_hf_weights(folder):
-    """{name: tensor} of a Hugging Face folder's weights and the file(s) they came from (for messages)."""
-    for index, load in (("model.safetensors.index.json", "safetensors"), ("pytorch_model.bin.index.json", "bin")):
-        path = os.path.join(folder, index)
-        if os.path.isfile(path):
-            with open(path) as f:
-                shards = sorted(set(json.load(f)["weight_map"].values()))
-            break
-    else:
-        shards = [n for n in ("model.safetensors", "pytorch_model.bin") if os.path.isfile(os.path.join(folder, n))][:1]
-        if not shards:
-            raise FileNotFoundError(f"no weights in '{folder}': expected model.safetensors, "
-                                    "model.safetensors.index.json or pytorch_model.bin")
-    sd = {}
-    for name in shards:
-        path = os.path.join(folder, name)
-        if not os.path.isfile(path):
-            raise FileNotFoundError(f"weights file '{path}' (named by the index) not found")
-        if name.endswith(".safetensors"):
-            from safetensors.torch import load_file
-            sd.update(load_file(path))
-        else:
-            sd.update(torch.load(path, map_location="cpu", weights_only=True))
-    return sd, os.path.join(folder, shards[0]) if len(shards) == 1 else f"{folder} ({len(shards)} shards)"
-
-
-def _hf_get(hf, key, path, default=None):
-    if key in hf and hf[key] is not None:
-        return hf[key]
-    if default is None:
-        raise ValueError(f"{path} has no {key!r}")
-    return default
-
-
-def _hf_require(ok, what, path):
-    if not ok:
-        raise ValueError(f"{path}: {what} is not supported by GPT.from_pretrained")
-
-
-def _gpt2_config(hf, path):
-    act = hf.get("activation_function", "gelu_new")
-    _hf_require(act in ("gelu_new", "gelu_pytorch_tanh"), f"activation_function={act!r} (ours: GELU tanh)", path)
-    _hf_require(hf.get("scale_attn_weights", True), "scale_attn_weights=false", path)
-    _hf_require(not hf.get("scale_attn_by_inverse_layer_idx", False), "scale_attn_by_inverse_layer_idx=true", path)
-    _hf_require(hf.get("tie_word_embeddings", True), "an untied GPT-2 head", path)
-    return dict(block_size=_hf_get(hf, "n_positions", path), vocab_size=_hf_get(hf, "vocab_size", path),
-                n_layer=_hf_get(hf, "n_layer", path), n_head=_hf_get(hf, "n_head", path),
-                n_embd=_hf_get(hf, "n_embd", path), n_kv_head=0, n_hidden=hf.get("n_inner") or 0, pos_emb="learned",
-                norm="layernorm", mlp="gelu", bias=True, qkv_bias=False, tie_embeddings=True,
-                norm_eps=float(hf.get("layer_norm_epsilon", 1e-5)))
-
-
-def _gpt2_weights(sd, config, files):
-    """GPT-2's names are ours (nanoGPT's), under 'transformer.' or not; Conv1D stores (in, out): transposed."""
-    sd = {k[len("transformer."):] if k.startswith("transformer.") else k: v for k, v in sd.items()}
-    sd = {k: v for k, v in sd.items() if not k.endswith((".attn.bias", ".attn.masked_bias"))}  # old mask buffers
-    sd.pop("lm_head.weight", None)  # tied to wte
-    conv1d = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
-    ours = {f"transformer.{k}": v.t() if k.endswith(conv1d) else v for k, v in sd.items()}
-    return _only_stack(ours, config, files)
-
-
-def _only_stack(ours, config, files):
-    extra = [k for k in ours if k.startswith("transformer.h.") and int(k.split(".")[2]) >= config.n_layer]
-    if extra:
-        raise ValueError(f"{files} has weights past n_layer={config.n_layer}: {extra[0]}")
-    return ours
-
-
-def _llama_config(hf, path):
-    kind = hf["model_type"]
-    rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}  # transformers 5 / 4
-    rope_type = rope.get("rope_type", rope.get("type", "default"))
-    _hf_require(rope_type == "default", f"rope_type={rope_type!r} (ours: plain RoPE)", path)
-    theta = rope.get("rope_theta", hf.get("rope_theta", 10000.0))
-    _hf_require(hf.get("hidden_act", "silu") == "silu", f"hidden_act={hf.get('hidden_act')!r} (ours: SwiGLU)", path)
-    _hf_require(not hf.get("attention_bias", False), "attention_bias=true (o_proj bias)", path)
-    _hf_require(not hf.get("mlp_bias", False), "mlp_bias=true", path)
-    _hf_require(not hf.get("use_sliding_window", False), "use_sliding_window=true", path)
-    d, heads = _hf_get(hf, "hidden_size", path), _hf_get(hf, "num_attention_heads", path)
-    head_dim = hf.get("head_dim") or d // heads
-    _hf_require(head_dim * heads == d, f"head_dim={head_dim} with hidden_size={d} and {heads} heads", path)
-    return dict(block_size=_hf_get(hf, "max_position_embeddings", path), vocab_size=_hf_get(hf, "vocab_size", path),
-                n_layer=_hf_get(hf, "num_hidden_layers", path), n_head=heads, n_embd=d,
-                n_kv_head=hf.get("num_key_value_heads") or heads, n_hidden=_hf_get(hf, "intermediate_size", path),
-                pos_emb="rope", rope_theta=float(theta), norm="rmsnorm", mlp="swiglu", bias=False,
-                qkv_bias=kind == "qwen2", tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
-                norm_eps=float(hf.get("rms_norm_eps", 1e-6)))
-
-
-def _llama_weights(sd, config, files):
-    """Llama/Qwen2 (under 'model.' or not): q, k, v rows fused into c_attn, gate and up into c_fc, in our order."""
-    sd = {k[len("model."):] if k.startswith("model.") else k: v for k, v in sd.items() if not k.endswith("inv_freq")}
-    head = sd.pop("lm_head.weight", None)
-
-    def take(k):
-        if k not in sd:
-            raise ValueError(f"{files} has no weight {k!r}")
-        return sd.pop(k)
-
-    ours = {"transformer.wte.weight": take("embed_tokens.weight"), "transformer.ln_f.weight": take("norm.weight")}
-    if not config.tie_embeddings:
-        if head is None:
-            raise ValueError(f"{files} has no 'lm_head.weight' (tie_word_embeddings is false)")
-        ours["lm_head.weight"] = head
-    for i in range(config.n_layer):
-        a, o = f"layers.{i}.", f"transformer.h.{i}."
-        ours[o + "attn.c_attn.weight"] = torch.cat([take(a + f"self_attn.{p}_proj.weight") for p in "qkv"])
-        if config.qkv_bias:
-            ours[o + "attn.c_attn.bias"] = torch.cat([take(a + f"self_attn.{p}_proj.bias") for p in "qkv"])
-        ours[o + "attn.c_proj.weight"] = take(a + "self_attn.o_proj.weight")
-        ours[o + "mlp.c_fc.weight"] = torch.cat([take(a + "mlp.gate_proj.weight"), take(a + "mlp.up_proj.weight")])
-        ours[o + "mlp.c_proj.weight"] = take(a + "mlp.down_proj.weight")
-        ours[o + "ln_1.weight"] = take(a + "input_layernorm.weight")
-        ours[o + "ln_2.weight"] = take(a + "post_attention_layernorm.weight")
-    if sd:
-        raise ValueError(f"{files} has weights GPT.from_pretrained does not know: {sorted(sd)[:3]}")
-    return ours
-
-
-# model_type -> (architectures, config.json -> GPTConfig keys, weights -> our state dict of one stack)
-PRETRAINED = {
-    "gpt2": (("GPT2LMHeadModel", "GPT2Model"), _gpt2_config, _gpt2_weights),
-    "llama": (("LlamaForCausalLM", "LlamaModel"), _llama_config, _llama_weights),
-    "qwen2": (("Qwen2ForCausalLM", "Qwen2Model"), _llama_config, _llama_weights),
-}

@@ -24,29 +24,34 @@ from tqdm import tqdm
 
 import train_config
 from checkpoint import (keep_copy, load_branch, load_branch_weights, load_for_resume, restore_training,
-                        save_checkpoint, strip_compile_prefix)
-from common import (DTYPES, ERRORS, any_rank, autocast, cached_cpu_dtype, cpu_has_bf16_flag, die, model_step_timer,
-                    out_of_memory, pick_cpu_dtype, rank0_decides, resolve_device, resolve_dtype, stop_on_signals)
+                        resume_architecture, save_checkpoint, strip_compile_prefix)
+from common import (DTYPES, ERRORS, any_rank, autocast, die, out_of_memory, rank0_decides, resolve_device,
+                    stop_on_signals)
 from configurator import configure
 from curriculum import rule_metrics
 from dataloader import open_data, prepare_weights
 from memory import check_fits
 from model import GPT, GPTConfig
+from precision import model_cpu_dtype, resolve_dtype
 from runlog import RunLog, open_run_folder
 from tasks import QAData
 from tokenizer import WordVocab, get_encoding, record
 
 # -----------------------------------------------------------------------------
 # every key, its default and its meaning: train_config.py (GPTConfig's model keys, then the training keys)
-branch, branch_facts = None, {}
+branch, branch_facts, stated = None, {}, set()  # stated: the keys a config file or the command line sets
 try:  # every key's one check: train_config.CHECKS here, GPTConfig's for the model keys
     config = configure(train_config.defaults(), sys.argv[1:], __doc__, [train_config.__file__, sys.modules[GPTConfig.__module__].__file__],
-                       train_config.CHECKS)
-    if config["init_from"] not in ("scratch", "resume"):  # a new run from another run's (or a Hugging Face model's) weights
+                       train_config.CHECKS, stated)
+    if not config["vocab_size"]:  # 0 = the data's: it states no size
+        stated.discard("vocab_size")
+    if config["init_from"] == "resume" or config["eval_only"]:  # the weights' architecture where the command is silent
+        config.update(resume_architecture(os.path.join(config["out_dir"], "ckpt.pt"), stated))
+    elif config["init_from"] != "scratch":  # a new run from another run's (or a Hugging Face model's) weights
         if int(os.environ.get("RANK", 0)) == 0:  # e.g. data/smollm2/out, made on first use (under DDP: prepare it first)
             prepare_weights(config["init_from"])
-        *branch, model_keys, branch_facts = load_branch(config["init_from"], config)
-        config.update(model_keys)  # a Hugging Face folder's architecture replaces the config's, before the model check
+        *branch, model_keys, branch_facts = load_branch(config["init_from"], config, stated)
+        config.update(model_keys)  # a Hugging Face folder's architecture, before the model check
     train_config.check(config)
 except (ValueError, *ERRORS) as e:
     die(e)
@@ -101,7 +106,8 @@ sparse = isinstance(data, QAData)  # one answer token per question: the head run
 vocab_size = config["vocab_size"] = vocab_size or data.vocab_size
 
 # -----------------------------------------------------------------------------
-# the run folder: one run at a time; a resume continues only what its checkpoint was trained with
+# the run folder: train.py's own (datafolder.claim), one run at a time; a resume continues only what its checkpoint
+# was trained with
 try:  # fail now, not at the first checkpoint; a second run on out_dir stops here, naming the holder
     run_lock = open_run_folder(out_dir, lock=master)
 except ERRORS as e:
@@ -142,13 +148,12 @@ elif branch is not None:
 model.to(device)
 dtype_seconds = {}
 dtype_source = "given" if config["dtype"] != "auto" else "the checkpoint's" if ckpt is not None else "the device's"
-if dtype == "auto":  # a CPU: bf16 only where THIS model's training step is measured >= 1.25x faster (common.py)
+if dtype == "auto":  # a CPU: bf16 only where THIS model's training step is measured >= 1.25x faster (precision.py)
     # rank 0 measures (ranks timing at once would load the same cores) on the first micro-batch; all follow
     x, y, _ = data.get_batch(0, global_batch, 0, gradient_accumulation_steps, seed)
-    timer = model_step_timer(model, x.to(device), y.to(device))
-    shape = f"{json.dumps(model_args, sort_keys=True)} batch {tuple(x.shape)}"
-    picked, dtype_source = cached_cpu_dtype(shape, lambda: pick_cpu_dtype(cpu_has_bf16_flag(), timer)) if master else ("float32", "")
-    dtype, dtype_seconds = list(DTYPES)[rank0_decides(list(DTYPES).index(picked), ctrl_group)], timer.seconds
+    picked, dtype_source, dtype_seconds = (model_cpu_dtype(model, x.to(device), y.to(device), model_args) if master
+                                           else ("float32", "", {}))
+    dtype = list(DTYPES)[rank0_decides(list(DTYPES).index(picked), ctrl_group)]
 ctx = autocast(device, dtype)
 optimizers = model.configure_optimizers(optimizer, learning_rate, weight_decay, (beta1, beta2), adam_eps,
                                         muon_momentum, fused=device_type == "cuda")
@@ -163,10 +168,10 @@ if ckpt is not None:
         die(e)
 scaler = torch.amp.GradScaler(device_type, enabled=(dtype == "float16"))
 raw_model = model
-if compile:
-    model = torch.compile(model)  # compiles at the first step; a failure there is reported and runs eager
+if compile:  # each block on its own (GPT.compile_blocks); the first step compiles, a failure there runs eager
+    raw_model.compile_blocks()
     if master:
-        print("torch.compile on (the first step compiles)")
+        print("torch.compile on, per block (the first step compiles)")
 if ddp:
     # gradient_as_bucket_view: the gradients live in DDP's buckets, no second fp32 copy (the memory plan counts one)
     model = DDP(model, device_ids=[local_rank] if device_type == "cuda" else None, gradient_as_bucket_view=True)
@@ -276,6 +281,38 @@ if eval_only:  # evaluate the checkpoint in out_dir, append one row, change noth
         destroy_process_group()
     sys.exit(0)
 
+def micro_steps(it):
+    """One optimization step's gradients, accumulated over this rank's micro-batches with no host sync; returns the
+    summed loss (on the device, read back only when logging)."""
+    loss_sum = torch.zeros((), device=device)
+    for micro in range(accum_local):
+        # this rank's micro-batch: (batch_size, seq_len) tokens and targets
+        batch = data.get_batch(it, global_batch, rank * accum_local + micro, gradient_accumulation_steps, seed)
+        pin = device_type == "cuda"  # (x, y, loops): loops = each row's loop count (loops_by_hops) or None
+        x, y, loops = (t if t is None else (t.pin_memory() if pin else t).to(device, non_blocking=pin) for t in batch)
+        last_micro = micro == accum_local - 1  # DDP all-reduces the gradients on the last micro-step only
+        loss_sum += forward_backward(model, x, y, loops, ctx, scaler, accum_local, ddp and not last_micro, sparse)
+    return loss_sum
+
+
+def step_failed(e, compiled_once):
+    """A step that raised: out of memory is one line with the step's advice; the first compiled step's failure is
+    reported and the step runs again eager; anything else is a bug and raises."""
+    if out_of_memory(e):  # common.py's one test of an allocation failure
+        die(f"out of memory in the training step (batch_size={batch_size} x block_size={block_size} "
+            "per micro-step): lower batch_size and raise gradient_accumulation_steps, or set "
+            "activation_checkpointing='block'")
+    if not compile or compiled_once:
+        raise e
+    why = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:200]}"
+    if ddp:  # ranks must not differ in what they run
+        die(f"torch.compile failed ({why}); rerun with --compile=False")
+    print(f"warning: torch.compile failed ({why}); running eager", file=sys.stderr)
+    raw_model.compile_blocks(enable=False)
+    raw_model.zero_grad(set_to_none=True)
+    return micro_steps(iter_num)
+
+
 nonfinite = torch.zeros((), dtype=torch.bool, device=device)  # set on the device, read when logging or saving
 saved_at = iter_num if init_from == "resume" else -1  # the iteration in ckpt.pt (-1: none yet)
 resumed_at = iter_num if init_from == "resume" else -1  # where this process took over
@@ -337,30 +374,11 @@ while True:
     for opt in optimizers:
         for group in opt.param_groups:
             group["lr"] = lr
-    loss_sum = torch.zeros((), device=device)  # summed on the device; read back only when logging
-    for micro in range(accum_local):
-        # this rank's micro-batch: (batch_size, seq_len) tokens and targets
-        batch = data.get_batch(iter_num, global_batch, rank * accum_local + micro, gradient_accumulation_steps, seed)
-        pin = device_type == "cuda"  # (x, y, loops): loops = each row's loop count (loops_by_hops) or None
-        x, y, loops = (t if t is None else (t.pin_memory() if pin else t).to(device, non_blocking=pin) for t in batch)
-        last_micro = micro == accum_local - 1  # DDP all-reduces the gradients on the last micro-step only
-        try:
-            loss_sum += forward_backward(model, x, y, loops, ctx, scaler, accum_local, ddp and not last_micro, sparse)
-        except Exception as e:  # the first step compiles: say why it failed, then run eager
-            if out_of_memory(e):  # common.py's one test of an allocation failure, with the step's own advice
-                die(f"out of memory in the training step (batch_size={batch_size} x block_size={block_size} "
-                    "per micro-step): lower batch_size and raise gradient_accumulation_steps, or set "
-                    "activation_checkpointing='block'")
-            if not compile or compiled_once:
-                raise
-            why = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:200]}"
-            if ddp:
-                die(f"torch.compile failed ({why}); rerun with --compile=False")
-            print(f"warning: torch.compile failed ({why}); running eager", file=sys.stderr)
-            model = raw_model
-            raw_model.zero_grad(set_to_none=True)
-            loss_sum += forward_backward(model, x, y, loops, ctx, scaler, accum_local, False, sparse)
-        compiled_once = True
+    try:
+        loss_sum = micro_steps(iter_num)
+    except Exception as e:  # an allocation failure gets the step's own advice; a failed first compile runs eager
+        loss_sum = step_failed(e, compiled_once)
+    compiled_once = True
     if grad_clip > 0:
         for opt in optimizers:
             scaler.unscale_(opt)

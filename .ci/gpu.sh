@@ -1,18 +1,57 @@
 #!/usr/bin/env bash
-# The GPU measurement of the GPU issue, as one script for a bare machine with one H100 (torch, tiktoken,
-# transformers and safetensors installed; no network): carry wheels for the rest in ./wheels
-# (`pip download --no-deps -d wheels tqdm pytest pluggy iniconfig packaging`). Everything lands in $OUT.
+# The GPU issue's device check as ONE call on a fresh H100 or H200 (torch 2.11 there; no datasets, wandb, gguf,
+# lm-eval; no network; at most 8 files come back): every step under its own `timeout`, the most valuable first,
+# each given at most what is left of DEADLINE seconds; every step appends to its log as it goes, so a stalled step
+# still returns the rest. Usage: OUT=out/gpu bash .ci/gpu.sh. DRY=1 runs the same steps on the CPU at toy shapes
+# (tests/test_bench.py runs it), so a lent GPU's minutes are not spent finding a typo.
+#   1. per-block compile: first-step seconds, compiled step of loop and DiscoLoop at the 440M shape (ms, MFU, peak
+#      against plan)                                            -> step.log
+#   2. bench.py phi: every top-k Phi kernel against the decode matmul at the 440M shape  -> phi.log, phi.json
+#   3. PonderLM (compiled), then eager loop and DiscoLoop       -> step.log
+#   4. the symbolic main job: seconds to test_id >= 0.99 and test_ood >= 0.95, eager and compiled  -> symbolic.log
+#   5. tests/test_cuda.py                                       -> test_cuda.log
+# Files back: summary.txt, device.txt, step.log, phi.log, phi.json, symbolic.log, test_cuda.log (7).
 set -uo pipefail
-OUT=${OUT:-out/gpu}; mkdir -p "$OUT"
-[ -d wheels ] && pip install --no-index --no-deps wheels/*.whl > "$OUT/pip.log" 2>&1
-{ nvidia-smi; python -c "import torch; print(torch.__version__, torch.version.cuda, torch.cuda.get_device_name())"; } > "$OUT/device.txt" 2>&1
-python -m pytest -q tests/test_cuda.py > "$OUT/test_cuda.log" 2>&1; echo "test_cuda exit $?" >> "$OUT/summary.txt"
-for B in 1 2; do
-  python bench.py step config/pretrain.py --batch_size=$B --variants=loop,disco --steps=10 \
-    > "$OUT/step_disco_b$B.log" 2>&1; echo "step disco b$B exit $?" >> "$OUT/summary.txt"
-  python bench.py step config/pretrain_ponder.py --batch_size=$B --variants=ponder --steps=10 \
-    > "$OUT/step_ponder_b$B.log" 2>&1; echo "step ponder b$B exit $?" >> "$OUT/summary.txt"
+cd "$(dirname "$0")/.."
+OUT=${OUT:-out/gpu}; DEADLINE=${DEADLINE:-415}; DRY=${DRY:-0}; mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+START=$(date +%s)
+if [ "$DRY" = 1 ]; then  # the same commands at toy shapes on the CPU
+  STEP="config/pretrain_tiny.py --vocab_size=257 --n_layer=2 --n_embd=32 --n_head=2 --block_size=32 --device=cpu --dtype=float32 --steps=1"
+  PONDER="$STEP"; PHI="config/pretrain_tiny.py --vocab_size=257 --rows=64 --n_embd=32 --device=cpu --iters=1 --warmup=0"
+  SYM="--device=cpu --n_embd=32 --n_head=2 --batch_size=64 --max_iters=4 --eval_interval=2 --threads=1 ${SYMBOLIC_ARGS:-}"
+  PYTEST_ARGS="-q -x"
+else
+  STEP="config/pretrain.py --steps=5"; PONDER="config/pretrain_ponder.py --steps=5"
+  PHI="config/pretrain.py --iters=5 --warmup=1 --compile=True"
+  SYM="--device=cuda"; PYTEST_ARGS="-q -x -n 3"
+fi
+
+left() { echo $(( DEADLINE - ($(date +%s) - START) )); }
+# step NAME LIMIT LOG CMD...: run CMD under min(LIMIT, time left), appending to LOG; one summary line with its exit
+step() {
+  local name=$1 limit=$2 log=$OUT/$3; shift 3
+  local t; t=$(left); [ "$t" -lt "$limit" ] && limit=$t
+  if [ "$limit" -le 5 ]; then echo "$name: skipped, out of time" >> "$OUT/summary.txt"; return; fi
+  echo "== $(date -u +%T) $name: $*" >> "$log"
+  local t0; t0=$(date +%s)
+  timeout -s TERM -k 10 "$limit" "$@" >> "$log" 2>&1
+  echo "$name: exit $? in $(( $(date +%s) - t0 )) s (limit $limit s; 124 = timed out)" >> "$OUT/summary.txt"
+}
+
+{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>&1
+  python -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.is_available() and torch.cuda.get_device_name())"
+} > "$OUT/device.txt" 2>&1
+step "1 compiled step, loop + DiscoLoop" 150 step.log python bench.py step $STEP --compile=True --variants=loop,disco
+step "2 bench.py phi, every kernel" 75 phi.log python bench.py phi $PHI --json="$OUT/phi.json"
+step "3a compiled step, PonderLM" 60 step.log python bench.py step $PONDER --compile=True --variants=ponder
+step "3b eager step, loop + DiscoLoop" 75 step.log python bench.py step $STEP --compile=False --variants=loop,disco
+for c in False True; do
+  run=$OUT/symbolic_run_$c; rm -rf "$run"
+  step "4 symbolic compile=$c" 50 symbolic.log python train.py config/symbolic.py --out_dir="$run" --compile=$c $SYM
+  python .ci/first_reached.py "$run/metrics.jsonl" "acc/test_id>=0.99" "acc/test_ood>=0.95" >> "$OUT/summary.txt" 2>&1
+  rm -rf "$run"  # checkpoints do not come back (8 files at most)
 done
-python bench.py breaks config/pretrain.py --device=cuda --activation_checkpointing=block > "$OUT/breaks.log" 2>&1
-echo "breaks exit $?" >> "$OUT/summary.txt"
+step "5 tests/test_cuda.py" 110 test_cuda.log python -m pytest $PYTEST_ARGS tests/test_cuda.py
+echo "total $(( $(date +%s) - START )) s of DEADLINE=$DEADLINE" >> "$OUT/summary.txt"
 cat "$OUT/summary.txt"

@@ -1,9 +1,11 @@
 """bench.py runs end to end at a toy shape and reports every variant (figures are not asserted)."""
 import json
+import os
+import subprocess
 
 import pytest
 
-from conftest import run
+from conftest import REPO, run
 from test_cli import one_line
 
 
@@ -76,3 +78,64 @@ def test_bench_sample_sizes_one_line(args, needle):
 def test_bench_step_names_the_bad_variant():
     one_line(run(["bench.py", "step", "config/pretrain_tiny.py", "--vocab_size=64", "--variants=loop,bogus"]),
              "variants='loop,bogus' is invalid")
+
+
+PHI_TOY = ["bench.py", "phi", "config/pretrain_tiny.py", "--vocab_size=300", "--n_embd=32", "--rows=40",
+           "--batch_size=2", "--phi_chunk=7", "--phi_topk=8", "--iters=1", "--warmup=0", "--threads=1"]
+
+
+def test_bench_phi_times_every_kernel(tmp_path):
+    """bench.py phi (issue 49) at a toy shape on the CPU: a row for the floor and for every kernel of PHI_KERNELS
+    (compiled only with compile=True: inductor builds for seconds), under bf16 autocast (the dense backward's
+    low-precision matmuls); rows not a multiple of the 14-row chunk."""
+    from kernels import PHI_KERNELS
+    out = tmp_path / "phi.json"
+    r = run(PHI_TOY + ["--dtype=bfloat16", f"--json={out}"])
+    assert r.returncode == 0, r.stderr[-2000:]
+    res = json.loads(out.read_text())
+    eager = [n for n in PHI_KERNELS if n != "compiled"]
+    assert list(res["kernels"]) == ["matmul fwd (floor)", "matmul fwd+bwd (3 matmuls)"] + eager and not res["failed"]
+    assert res["shape"] == {"rows": 40, "n_embd": 32, "vocab_size": 300, "k": 8, "tau": 1.0, "chunk_rows": 14}
+    assert all(f"\n| {n} | " in r.stdout for n in res["kernels"])
+    assert res["kernels"]["bag"]["diff"] == [0.0, 0.0, 0.0] and res["kernels"]["matmul fwd (floor)"]["vs_floor"] == 1
+    assert all(all(d < float("inf") for d in res["kernels"][n]["diff"]) for n in eager)
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--phi_topk=0"], "phi_topk=0 is invalid"), (["--kernels=dense"], "kernels='dense' is invalid"),
+    (["--kernels=bag,dense2"], "kernels='bag,dense2'"), (["--rows=-1"], "rows=-1 is invalid"),
+    (["--iters=0"], "iters=0"), (["--device=tpu"], "device='tpu'"),
+])
+def test_bench_phi_bad_values_one_line(args, needle):
+    one_line(run(PHI_TOY + args), needle)
+
+
+def test_bench_phi_needs_a_config():
+    one_line(run(["bench.py", "phi", "--vocab_size=300"]), "needs a training config file")
+
+
+def test_bench_compile_per_block_against_eager_and_whole():
+    """bench.py compile: a row per mode, the per-block row with ONE compiled graph for every layer and loop."""
+    r = run(["bench.py", "compile", "config/pretrain_tiny.py", "--n_layer=3", "--n_loop=2", "--modes=eager,blocks",
+             "--steps=1", "--threads=1"], fresh=True)  # a new interpreter: Inductor's workers, not the zygote's fork
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = {line.split("|")[1].strip(): line.split("|")[2:-1] for line in r.stdout.splitlines() if line.startswith("| ")}
+    assert rows["blocks"][2].strip() == "1" and rows["eager"][2].strip() == "0", r.stdout
+    one_line(run(["bench.py", "compile", "config/pretrain_tiny.py", "--modes=eager,jit"]), "modes='eager,jit'")
+
+
+def test_gpu_device_check_dry_runs_on_cpu(tiny_data, tmp_path):
+    """.ci/gpu.sh, the GPU issue's one device call, runs every step on the CPU at toy shapes (DRY=1), each exiting 0,
+    its files within the 8 that come back."""
+    from conftest import TINY_DATA_ARGS
+    out = tmp_path / "gpu"
+    env = dict(os.environ, OUT=str(out), DRY="1", OMP_NUM_THREADS="1",
+               SYMBOLIC_ARGS=f"--data_dir={tiny_data} --data_args={json.dumps(TINY_DATA_ARGS).replace(' ', '')}")
+    r = subprocess.run(["bash", ".ci/gpu.sh"], cwd=REPO, env=env, capture_output=True, text=True, timeout=280)
+    summary = (out / "summary.txt").read_text()
+    steps = [line for line in summary.splitlines() if ": exit " in line]
+    assert r.returncode == 0 and len(steps) == 7 and all(": exit 0 " in s for s in steps), summary
+    assert summary.count("acc/test_id>=0.99 and acc/test_ood>=0.95") == 2, summary
+    assert len(os.listdir(out)) <= 8, os.listdir(out)
+    assert "| DiscoLoop |" in (out / "step.log").read_text() and "| bag |" in (out / "phi.log").read_text()
+    assert json.loads((out / "phi.json").read_text())

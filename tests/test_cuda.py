@@ -32,7 +32,7 @@ def finite(rs):
 def test_symbolic_bf16_steps(tiny_data, tmp_path, compile):
     out = str(tmp_path / "run")
     r = run(tiny_train_args(tiny_data, out, "--max_iters=20", "--eval_interval=10", *CUDA, f"--compile={compile}"),
-            timeout=600)
+            timeout=600, fresh=compile)  # Inductor's compile workers do not start in a child of the tests' zygote
     assert r.returncode == 0, r.stderr[-3000:]
     assert "torch.compile failed" not in r.stderr and [m["iter"] for m in rows(out)] == [0, 10, 20]
     assert finite(rows(out)) and torch.load(os.path.join(out, "ckpt.pt"), weights_only=True)["dtype"] == "bfloat16"
@@ -42,7 +42,7 @@ def test_symbolic_bf16_steps(tiny_data, tmp_path, compile):
 def test_pretrain_tiny_bf16_steps(tmp_path, compile):
     out = str(tmp_path / "run")
     r = run(["train.py", *TINY_PRETRAIN, f"--out_dir={out}", f"--data_dir={tmp_path / 'shards'}", *CUDA,
-             f"--compile={compile}"], timeout=600)
+             f"--compile={compile}"], timeout=600, fresh=compile)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "memory plan per rank" in r.stdout  # printed before allocating, on every CUDA run
     assert "torch.compile failed" not in r.stderr and finite(rows(out)) and rows(out)[-1]["iter"] == 20
@@ -70,9 +70,10 @@ def test_kill_and_resume_match_to_float_noise(tmp_path):
         assert abs(x["val_loss"] - y["val_loss"]) < 2e-2 * abs(x["val_loss"]), (x, y)
 
 
-def test_torchrun_one_process_nccl(tmp_path):
+def test_torchrun_one_process_nccl_compiled(tmp_path):
+    """DDP (NCCL) around the per-block compiled model."""
     r = subprocess.run(["torchrun", "--standalone", "--nproc_per_node=1", "train.py", *TINY_PRETRAIN,
-                        f"--out_dir={tmp_path / 'run'}", f"--data_dir={tmp_path / 'shards'}", *CUDA],
+                        f"--out_dir={tmp_path / 'run'}", f"--data_dir={tmp_path / 'shards'}", *CUDA, "--compile=True"],
                        cwd=REPO, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     assert rows(str(tmp_path / "run"))[-1]["iter"] == 20
