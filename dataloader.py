@@ -26,12 +26,12 @@ def load_prepare(generator):
     return importlib.import_module(f"data.{generator}.prepare")
 
 
-def open_data(dataset, data_dir, data_args, block_size, eval_iters, seed, split_join, make=True, barrier=None):
+def open_data(dataset, data_dir, data_args, block_size, eval_iters, seed, split_join, make=True, barrier=None, qa=None):
     """The training data of a folder, by the kind its meta.json names: QAData (question-answer folders) or
     TokenData (token shards), one interface (vocab_size, config, seq_len, steps_per_epoch, get_batch,
     evaluate, metric_names). make: run data/<dataset>/prepare.py first where it says that is cheap (QA
     folders: a no-op when this generator made the folder with this config), or for a token corpus when
-    data_args says how; barrier: under DDP, the other ranks wait for rank 0's prepare."""
+    data_args says how; barrier: under DDP, the other ranks wait for rank 0's prepare; qa: QAData's options."""
     prep = load_prepare(dataset)
     if make and (prep.ON_FIRST_USE or (data_args and not os.path.exists(os.path.join(data_dir, "meta.json")))):
         prep.prepare(merge(prep.DEFAULTS, {**data_args, "out_dir": data_dir}, "data_args", prep.CHECKS))
@@ -49,7 +49,7 @@ def open_data(dataset, data_dir, data_args, block_size, eval_iters, seed, split_
             raise DataError(f"split_join={split_join!r} is for QA datasets; a token corpus has no splits to join")
         return TokenData(data_dir, block_size, eval_iters, seed)
     # a join by rule ('acc/val_id>=0.9') is not known yet: the split waits until train.py sets it
-    return QAData(data_dir, block_size, {s: None if isinstance(j, str) else j for s, j in split_join.items()})
+    return QAData(data_dir, block_size, {s: None if isinstance(j, str) else j for s, j in split_join.items()}, **(qa or {}))
 
 
 def prepare_weights(path):

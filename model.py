@@ -11,11 +11,9 @@ f_theta is the stack `transformer.h` (n_layer blocks). The recurrences (paper no
            (blocks + final norm) on e and add the expected embedding, e <- e + Phi(h); one last full
            pass gives the logits. "3 pondering steps" there = K = 4 here.
 The LM head is ln_f followed by the tied projection W^T, and Phi decodes with that same head (an untied head,
-tie_embeddings=False, for pretrained checkpoints: Phi decodes with it and encodes with W).
-pretrained.py loads Hugging Face GPT-2, Llama (SmolLM2) and Qwen2 folders as a GPT (this file knows nothing of it).
-per_loop_norm (Ouro's modeling_ouro.py): ln_f is applied to every loop's output and the normed state
-feeds the next loop; the head and Phi then read that state as it is (no second norm). DiscoLoop's
-order is then: h = ln_f(f(H~)), Phi(h), H~ = h + a * RMSNorm(Phi(h)).
+tie_embeddings=False, for pretrained checkpoints: Phi decodes with it and encodes with W; pretrained.py loads them).
+per_loop_norm (Ouro's modeling_ouro.py): ln_f is applied to every loop's output and the normed state feeds the next
+loop; the head and Phi read it as it is. DiscoLoop's order is then: h = ln_f(f(H~)), Phi(h), H~ = h + a RMSNorm(Phi(h)).
 """
 import math
 from dataclasses import dataclass, fields
@@ -25,7 +23,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from kernels import TopkPhi, linear_cross_entropy, upcast
+from kernels import PHI_KERNELS, linear_cross_entropy, topk_phi, upcast
 from muon import SplitMuon, takes_muon
 
 
@@ -93,6 +91,8 @@ class GPTConfig:
     phi_tau: float = 1.0       # softmax temperature of Phi
     phi_topk: int = 0        # 0 = exact Phi over the vocabulary; k > 0 = Phi_k (Appendix B)
     phi_chunk: int = 0       # positions per chunk when decoding Phi (0 = all at once); bounds the B*chunk*V logits
+    phi_kernel: str = "bag"  # the top-k Phi kernel (kernels.PHI_KERNELS, all equal in float64; bench.py phi times them):
+                             # "bag" (embedding_bag gradients) measured fastest eager on the CPU; a GPU's: RESULTS.md
     label_smoothing: float = 0.0  # label smoothing of the training loss
     loss_chunk: int = 1024     # positions per chunk of the head + cross-entropy (0 = all): bounds the (chunk, V) logits
     activation_checkpointing: str = "none"  # "block": keep only each block's input, recompute the block in backward
@@ -154,6 +154,8 @@ class GPTConfig:
             bad("phi_topk", f"0 (exact) or 1..vocab_size={self.vocab_size}")
         if self.phi_chunk < 0:
             bad("phi_chunk", "0 (no chunking) or a positive number of positions")
+        if self.phi_kernel not in PHI_KERNELS:
+            bad("phi_kernel", tuple(PHI_KERNELS))
         if not 0 <= self.dropout < 1:
             bad("dropout", "0 <= dropout < 1")
         if not 0 <= self.label_smoothing < 1:
@@ -207,10 +209,9 @@ def apply_rope(x, cos, sin):
 
 
 class KVCache:
-    """Keys and values of one attention layer in one loop, (B, kv heads, positions so far, head size), for
-    generation: a looped model needs K x n_layer of them (GPT.new_cache). Exact for every recurrence here:
-    DiscoLoop's injection and PonderLM's update act per position, so position t's state in every loop depends
-    only on positions <= t, which the cache holds as they were computed."""
+    """Keys and values of one attention layer in one loop, (B, kv heads, positions so far, head size): K x n_layer
+    of them for generation (GPT.new_cache). Exact for every recurrence here: the updates between loops act per
+    position, so position t's state in every loop depends only on positions <= t, as the cache holds them."""
 
     def __init__(self):
         self.k = self.v = None
@@ -397,10 +398,8 @@ class GPT(nn.Module):
         n = cfg.n_layer
         lo, hi = {"prelude": (0, cfg.n_prelude), "coda": (n - cfg.n_coda, n)}.get(part, (cfg.n_prelude, n - cfg.n_coda))
         for i, block in zip(range(lo, hi), self.transformer.h[copy * n + lo:copy * n + hi]):
-            if cache is None:
-                x = block(x, rope)
-            else:  # generation runs the blocks eager: a compiled block would recompile for every cache length
-                x = block.layers(x, rope, cache[i])
+            # generation (a cache) runs the blocks eager: a compiled block would recompile for every cache length
+            x = block(x, rope) if cache is None else block.layers(x, rope, cache[i])
         return x
 
     def compile_blocks(self, enable=True, **options):
@@ -425,7 +424,7 @@ class GPT(nn.Module):
         x = self.normed(h)
         chunk = cfg.phi_chunk or x.size(1)
         if cfg.phi_topk:  # tied only (GPTConfig)
-            return TopkPhi.apply(x, W, cfg.phi_topk, cfg.phi_tau, chunk).to(h.dtype)
+            return topk_phi(x, W, cfg.phi_topk, cfg.phi_tau, chunk, cfg.phi_kernel).to(h.dtype)
         recompute = cfg.activation_checkpointing == "block" and torch.is_grad_enabled()
         out = [checkpoint(self.exact_phi, xs, W, head, use_reentrant=False) if recompute
                else self.exact_phi(xs, W, head) for xs in x.split(chunk, dim=1)]
@@ -437,37 +436,18 @@ class GPT(nn.Module):
         scaled = logits / self.config.phi_tau if self.config.phi_tau != 1 else logits
         return F.softmax(scaled, dim=-1, dtype=upcast(logits).dtype) @ W
 
-    def inject(self, h):
-        """H~ = H + a * RMSNorm(Phi(H)) (Eq. 3), with the fixed or learned gate (Eq. 5)."""
-        e = self.phi(h)  # (B, T, d)
-        alpha = self.gate(e).unsqueeze(-1) if self.config.disco_gate == "learned" else self.config.disco_alpha
-        return h + alpha * self.transformer.ln_inj(e)
-
-    def gate(self, e):
-        """The learned gate of Eq. (5), a_t = sigmoid(<w, Phi(H_t)> + b), (B, T), from e = Phi(H)."""
-        return torch.sigmoid(e @ self.gate_w.to(e.dtype) + self.gate_b)
-
-    def gate_values(self, h):
-        """The learned gate for a post-loop state h (B, T); for probing where DiscoLoop injects."""
-        return self.gate(self.phi(h))
-
     # ---- forward -----------------------------------------------------------------------------
     def forward(self, idx, targets=None, n_loop=None, hook=None, sparse_targets=False, loops=None):
-        """(logits (B, T, V), None) without targets; (None, mean loss) with targets (B, T), -1 = no
-        target. The loss never materializes the (B, T, V) logits (LinearCrossEntropy, `loss_chunk`).
-
-        n_loop: loops to run (default K). Fewer than K reads the head early (Stage-1 = 1); more than
-            K runs extra loops (not possible for recurrence='none', whose copies are untied).
-        hook: optional callable hook(k, h, h_next) run after loop k = 1..n_loop, where h is the
-            output of f_theta (PonderLM: of the full pass) and h_next is what feeds loop k+1 (for
-            disco the injected H~, for ponder the updated embedding; for the last loop, h). A return
-            value other than None replaces h_next. This is how probes read every loop's hidden
-            states and how the training-free intervention of Eq. (2) is applied.
-        sparse_targets: most positions have no target (question-answer data: one answer token per question):
-            the head and the loss run on the rows that have one, gathered first (one host sync to count them).
-        loops: optional (B,) loop counts, each 1..n_loop: row b is read after loop loops[b] (train.py's
-            loops_by_hops: a k-hop question answered after k loops). Not checked here (a host sync): the
-            caller's data is (configurator.check_with_data).
+        """(logits (B, T, V), None) without targets; (None, mean loss) with targets (B, T), -1 = no target. The loss
+        never materializes the (B, T, V) logits (LinearCrossEntropy, `loss_chunk`).
+        n_loop: loops to run (default K): fewer reads the head early (Stage-1 = 1), more runs extra loops (not for
+            recurrence='none', whose copies are untied).
+        hook: optional hook(k, h, h_next) after loop k = 1..n_loop: h is f_theta's output (PonderLM: the full
+            pass's), h_next what feeds loop k+1 (disco: the injected H~; ponder: the updated embedding; the last
+            loop: h). A return value other than None replaces h_next: how probes read every loop and apply Eq. (2).
+        sparse_targets: one target per question (QA data): the head and loss run on the rows that have one.
+        loops: optional (B,) loop counts 1..n_loop: row b is read after loop loops[b] (train.py's loops_by_hops).
+            Not checked here (a host sync): the caller's data is (train_config.check_with_data).
         """
         h = self.hidden(idx, n_loop, hook, loops=loops)  # (B, T, d)
         if targets is None:
@@ -481,8 +461,9 @@ class GPT(nn.Module):
         return None, loss
 
     def hidden(self, idx, n_loop=None, hook=None, cache=None, loops=None):
-        """The final state that the LM head reads, (B, T, d); see forward. cache (new_cache): idx continues the
-        positions already cached, whose keys and values every loop reuses (generation). loops: see forward."""
+        """The final state that the LM head reads, (B, T, d): embed -> prelude -> K loops of f_theta, each followed by
+        the recurrence's update (between) -> coda. See forward; cache (new_cache): idx continues the positions
+        already cached, whose keys and values every loop reuses (generation)."""
         cfg = self.config
         B, T = idx.size()
         t0 = len(cache[0][0]) if cache is not None else 0
@@ -492,22 +473,7 @@ class GPT(nn.Module):
         if K < 1 or (self.rec.copies and K > cfg.n_loop):
             raise ValueError(f"n_loop={K} is invalid: allowed 1.."
                              f"{cfg.n_loop if self.rec.copies else 'any'} for recurrence={cfg.recurrence}")
-        x = self.transformer.wte(idx)  # (B, T, d)
-        if self.rec.embed:  # PonderLM's input scalings (hzby/PonderingLM): x sqrt(d) with scale_embeds (see
-            x = x * self.emb_scale()  # between), x the TRAINED K-1 pondering steps, also when n_loop differs from K
-            if cfg.ponder_multiply_steps:
-                x = x * max(1, cfg.n_loop - 1)
-        pos = None
-        if cfg.pos_emb == "learned":
-            where = torch.arange(t0, t0 + T, device=idx.device)  # (T,)
-            if self.training and cfg.pos_shift:
-                if T + cfg.pos_shift > cfg.block_size:
-                    raise ValueError(f"pos_shift={cfg.pos_shift} with sequences of {T} tokens needs "
-                                     f"block_size >= {T + cfg.pos_shift}, not {cfg.block_size}")
-                where = where + torch.randint(0, cfg.pos_shift + 1, (B, 1), device=idx.device)  # (B, T)
-            pos = self.transformer.wpe(where)  # (T, d) or (B, T, d)
-        if pos is not None and not self.rec.embed:
-            x = x + pos  # positions enter once, with the tokens (GPT-2 style)
+        x, pos = self.embed(idx, t0)
         if cfg.n_prelude:
             x = self.f_theta(x, cache=cache[0] if cache is not None else None, part="prelude")
         for k in range(1, K + 1):
@@ -524,10 +490,79 @@ class GPT(nn.Module):
             if loops is not None:  # the rows that stop here keep this loop's output (what the head reads after it)
                 out = h if k == 1 else torch.where((loops == k).view(B, 1, 1), h, out)
             x = x_next
+        x = x if loops is None else out
         if cfg.n_coda:  # the head reads the coda's output (after the loop, or after a row's own loop count)
-            x = self.f_theta(x if loops is None else out, cache=cache[0] if cache is not None else None, part="coda")
-            return x
-        return x if loops is None else out
+            x = self.f_theta(x, cache=cache[0] if cache is not None else None, part="coda")
+        return x
+
+    def embed(self, idx, t0=0):
+        """(token embeddings, learned positions or None) of positions t0.. : positions join the tokens here once,
+        unless the recurrence lives in embedding space (PonderLM adds them every pass)."""
+        cfg = self.config
+        B, T = idx.size()
+        x = self.transformer.wte(idx)  # (B, T, d)
+        if self.rec.embed:  # PonderLM's input scalings (hzby/PonderingLM): x sqrt(d) with scale_embeds (see
+            x = x * self.emb_scale()  # between), x the TRAINED K-1 pondering steps, also when n_loop differs from K
+            if cfg.ponder_multiply_steps:
+                x = x * max(1, cfg.n_loop - 1)
+        if cfg.pos_emb != "learned":
+            return x, None
+        where = torch.arange(t0, t0 + T, device=idx.device)  # (T,)
+        if self.training and cfg.pos_shift:
+            if T + cfg.pos_shift > cfg.block_size:
+                raise ValueError(f"pos_shift={cfg.pos_shift} with sequences of {T} tokens needs "
+                                 f"block_size >= {T + cfg.pos_shift}, not {cfg.block_size}")
+            where = where + torch.randint(0, cfg.pos_shift + 1, (B, 1), device=idx.device)  # (B, T)
+        pos = self.transformer.wpe(where)  # (T, d) or (B, T, d)
+        return (x, pos) if self.rec.embed else (x + pos, pos)
+
+    def between(self, h, x):
+        """The recurrence's update between two loops: what feeds the next loop, from this loop's output h and
+        its input x. Every recurrence's update is here (and its facts in RECURRENCES)."""
+        rec = self.config.recurrence
+        if rec == "disco":  # Eq. (3)-(5): H~ = H + a * RMSNorm(Phi(H))
+            return self.inject(h)
+        if rec == "ponder":  # the embedding plus the expected embedding of the prediction, probs @ (W * scale)
+            return x + self.emb_scale() * self.phi(h)
+        return h  # loop (Eq. 1), none (the next untied copy)
+
+    def inject(self, h):
+        """H~ = H + a * RMSNorm(Phi(H)) (Eq. 3), with the fixed or learned gate (Eq. 5)."""
+        e = self.phi(h)  # (B, T, d)
+        alpha = self.gate(e).unsqueeze(-1) if self.config.disco_gate == "learned" else self.config.disco_alpha
+        return h + alpha * self.transformer.ln_inj(e)
+
+    def gate(self, e):
+        """The learned gate of Eq. (5), a_t = sigmoid(<w, Phi(H_t)> + b), (B, T), from e = Phi(H)."""
+        return torch.sigmoid(e @ self.gate_w.to(e.dtype) + self.gate_b)
+
+    def gate_values(self, h):
+        """The learned gate for a post-loop state h (B, T); for probing where DiscoLoop injects."""
+        return self.gate(self.phi(h))
+
+    def emb_scale(self):
+        """PonderLM's scale_embeds multiplies W by sqrt(d) in BOTH its uses: the input and the increment."""
+        return math.sqrt(self.config.n_embd) if self.rec.embed and self.config.ponder_scale_embeds else 1.0
+
+    def flops_per_token(self, T, recompute=False):
+        """Forward+backward FLOPs per token (PaLM appendix B estimate), counting every loop.
+        recompute=True adds the second forward of every block that activation checkpointing runs."""
+        cfg = self.config
+        looped = range(cfg.n_prelude, cfg.n_layer - cfg.n_coda)  # a prelude and a coda run once
+        block_runs = sum(p.numel() * (1 if self.rec.copies or i not in looped else cfg.n_loop)
+                         for i, b in enumerate(self.transformer.h) for p in b.parameters())
+        L = self.depth()
+        head = cfg.vocab_size * cfg.n_embd
+        extra = 0  # Phi per injection: exact = head and mixing matmuls, forward and backward (2 x 6dV);
+        if self.rec.phi:  # top-k = a forward-only head (2dV, TopkPhi) + O(kd)
+            k = cfg.phi_topk
+            extra = (cfg.n_loop - 1) * (2 * head + 12 * k * cfg.n_embd if k else 12 * head)
+        total = 6 * (block_runs + head) + extra + 12 * L * cfg.n_embd * T
+        if recompute:
+            total += 2 * block_runs + 4 * L * cfg.n_embd * T
+            if self.rec.phi and not cfg.phi_topk:  # exact Phi chunks run again
+                total += (cfg.n_loop - 1) * 4 * head
+        return total
 
     def new_cache(self, n_loop=None):
         """An empty key/value cache for generation: one KVCache per (loop, layer), K x n_layer. It holds
@@ -562,38 +597,3 @@ class GPT(nn.Module):
             idx = torch.cat([idx, nxt], dim=1)
             new = nxt if use_cache else idx
         return idx
-
-    def between(self, h, x):
-        """The recurrence's update between two loops: what feeds the next loop, from this loop's output h and
-        its input x. Every recurrence's update is here (and its facts in RECURRENCES)."""
-        rec = self.config.recurrence
-        if rec == "disco":  # Eq. (3)-(5): H~ = H + a * RMSNorm(Phi(H))
-            return self.inject(h)
-        if rec == "ponder":  # the embedding plus the expected embedding of the prediction, probs @ (W * scale)
-            return x + self.emb_scale() * self.phi(h)
-        return h  # loop (Eq. 1), none (the next untied copy)
-
-    def emb_scale(self):
-        """PonderLM's scale_embeds multiplies W by sqrt(d) in BOTH its uses: the input and the increment."""
-        return math.sqrt(self.config.n_embd) if self.rec.embed and self.config.ponder_scale_embeds else 1.0
-
-    def flops_per_token(self, T, recompute=False):
-        """Forward+backward FLOPs per token (PaLM appendix B estimate), counting every loop.
-        recompute=True adds the second forward of every block that activation checkpointing runs."""
-        cfg = self.config
-        looped = range(cfg.n_prelude, cfg.n_layer - cfg.n_coda)  # a prelude and a coda run once
-        block_runs = sum(p.numel() * (1 if self.rec.copies or i not in looped else cfg.n_loop)
-                         for i, b in enumerate(self.transformer.h) for p in b.parameters())
-        L = self.depth()
-        head = cfg.vocab_size * cfg.n_embd
-        extra = 0  # Phi per injection: exact = head and mixing matmuls, forward and backward (2 x 6dV);
-        if self.rec.phi:  # top-k = a forward-only head (2dV, TopkPhi) + O(kd)
-            k = cfg.phi_topk
-            extra = (cfg.n_loop - 1) * (2 * head + 12 * k * cfg.n_embd if k else 12 * head)
-        total = 6 * (block_runs + head) + extra + 12 * L * cfg.n_embd * T
-        if recompute:
-            total += 2 * block_runs + 4 * L * cfg.n_embd * T
-            if self.rec.phi and not cfg.phi_topk:  # exact Phi chunks run again
-                total += (cfg.n_loop - 1) * 4 * head
-        return total
-

@@ -33,7 +33,7 @@ from tokenizer import HFEncoding
 # what only training or the initialization of fresh weights reads. Every other key is the architecture (ARCH_KEYS:
 # shapes, norms, positions, sandwich norms), which the folder decides: each converter returns exactly those.
 CONTINUE_KEYS = ("block_size", "n_prelude", "n_coda", "recurrence", "n_loop", "disco_gate", "disco_alpha", "phi_tau",
-                 "phi_topk", "phi_chunk", "pos_every_loop", "per_loop_norm", "ponder_scale_embeds",
+                 "phi_topk", "phi_chunk", "phi_kernel", "pos_every_loop", "per_loop_norm", "ponder_scale_embeds",
                  "ponder_multiply_steps", "pos_shift", "dropout", "scaled_init", "label_smoothing", "loss_chunk",
                  "activation_checkpointing")
 ARCH_KEYS = tuple(k for k in GPTConfig.defaults() if k not in CONTINUE_KEYS)

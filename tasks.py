@@ -103,7 +103,13 @@ class QAData:
     uses, shared with shards.TokenData: vocab_size, config, seq_len, steps_per_epoch, get_batch, evaluate,
     metric_names."""
 
-    def __init__(self, data_dir, block_size=None, split_join=None):
+    sparse_targets = True  # one answer token per question: the head runs on the answer rows alone (model.forward)
+
+    def __init__(self, data_dir, block_size=None, split_join=None, stage1_splits="all", stage1_metrics=(),
+                 loops_by_hops=False, extra_loops=0):
+        """stage1_splits, stage1_metrics: keep_stage1's; loops_by_hops: a k-hop question is trained and evaluated
+        after k loops (atomic facts: 1); extra_loops: in training, each row gets 0..extra_loops loops more (its
+        answer must survive them)."""
         self.data_dir = data_dir
         self.meta = load_meta(data_dir)
         self.stoi = {t: i for i, t in enumerate(self.meta["vocab"])}
@@ -128,10 +134,8 @@ class QAData:
             raise DataError(f"split_join={self.split_join} leaves no training split in the mix at iteration 0")
         if block_size is not None and self.max_len > block_size:
             raise DataError(f"block_size={block_size} is shorter than the longest example ({self.max_len} tokens)")
-        self.stage1 = set(self.splits)  # the splits whose Stage-1 accuracy evaluate() reports (keep_stage1)
-        # train.py's loops_by_hops: a k-hop question is trained and evaluated after k loops (atomic facts: 1);
-        # extra_loops: in training, each row gets 0..extra_loops loops more (its answer must survive them)
-        self.loops_by_hops, self.extra_loops = False, 0
+        self.keep_stage1(stage1_splits, stage1_metrics)  # the splits whose Stage-1 accuracy evaluate() reports
+        self.loops_by_hops, self.extra_loops = loops_by_hops, extra_loops
         self.train_hops = np.concatenate([np.full(len(self.splits[s][0]), self.hops(s)) for s in self.train_splits])
         self.set_join()
 

@@ -34,8 +34,7 @@ from memory import check_fits
 from model import GPT, GPTConfig
 from precision import model_cpu_dtype, resolve_dtype
 from runlog import RunLog, open_run_folder
-from tasks import QAData
-from tokenizer import WordVocab, get_encoding, record
+from tokenizer import data_tokenizer, record
 
 # -----------------------------------------------------------------------------
 # every key, its default and its meaning: train_config.py (GPTConfig's model keys, then the training keys)
@@ -90,19 +89,19 @@ ctrl_group = torch.distributed.new_group(backend="gloo") if ddp else None  # sto
 data_dir = os.path.abspath(data_dir)
 rule_joins = {s: j for s, j in split_join.items() if isinstance(j, str)}  # splits a validation metric lets in
 try:
+    # QA data: Stage-1 accuracy where the plots (stage1_splits) and the stop and join rules read it; loops per hop
+    qa = dict(stage1_splits=stage1_splits, stage1_metrics=[stop_metric, *rule_metrics(split_join)],
+              loops_by_hops=loops_by_hops, extra_loops=extra_loops)
     data = open_data(dataset, data_dir, data_args, block_size, eval_iters, seed, split_join, make=master,
-                     barrier=torch.distributed.barrier if ddp else None)
-    if isinstance(data, QAData):  # Stage-1 accuracy where the plots (training splits) and the rules read it
-        data.keep_stage1(stage1_splits, [stop_metric, *rule_metrics(split_join)])
-        data.loops_by_hops, data.extra_loops = loops_by_hops, extra_loops
+                     barrier=torch.distributed.barrier if ddp else None, qa=qa)
     train_config.check_with_data(config, data)  # keys that need the data: metric names, pos_shift, vocab, the first batch
     # the checkpoint carries its tokenizer (a vocabulary, a tokenizer.json, or a tiktoken name and hash), so a
     # re-prepared folder or a replaced file cannot make sample.py or the export decode with another one
-    tok_record = (record(WordVocab(data.meta["vocab"])) if isinstance(data, QAData) else
-                  record(get_encoding(data.config)) if "encoding" in data.config else None)  # None: shards of no generator
+    tok = data_tokenizer(data)  # None: shards of no generator
+    tok_record = record(tok) if tok is not None else None
 except ERRORS as e:
     die(e)
-sparse = isinstance(data, QAData)  # one answer token per question: the head runs on the answer rows alone
+sparse = data.sparse_targets  # QA: one answer token per question, the head runs on the answer rows alone
 vocab_size = config["vocab_size"] = vocab_size or data.vocab_size
 
 # -----------------------------------------------------------------------------
