@@ -14,7 +14,7 @@ import zlib
 import torch
 
 from common import CheckpointError, atomic_write, tmp_name
-from configurator import renamed
+from compat import upgrade_checkpoint
 from curriculum import joins_changed
 from model import GPT, GPTConfig
 from pretrained import ARCH_KEYS, CONTINUE_KEYS, check_vocab, from_pretrained, hf_folder, pretrained_architecture
@@ -86,10 +86,7 @@ def load_checkpoint(path, map_location="cpu", required=("model", "model_args")):
     if isinstance(ckpt, dict) and "crc32" in ckpt and content_crc({k: v for k, v in ckpt.items() if k != "crc32"}) != ckpt["crc32"]:
         raise CheckpointError(f"'{path}' is damaged: its content does not match the checksum written with it "
                               "(flipped or overwritten bytes); use another copy")
-    for key in ("model_args", "config"):  # checkpoints written before a key was renamed load under the new name
-        if isinstance(ckpt.get(key), dict):
-            ckpt[key] = renamed(ckpt[key])
-    return ckpt
+    return upgrade_checkpoint(ckpt)  # an older checkpoint reads as today's
 
 
 # The keys a resume may change: the budget, intervals, stopping, logging, and where and how fast it runs.
@@ -170,11 +167,6 @@ def checkpoint_tokenizer(ckpt, where="the checkpoint"):
     return enc
 
 
-def strip_compile_prefix(state_dict):
-    # torch.compile wraps the module as _orig_mod; checkpoints from older code may carry the prefix
-    return {k.removeprefix("_orig_mod."): v for k, v in state_dict.items()}
-
-
 def model_from_checkpoint(ckpt, use_ema=True, **overrides):
     """Rebuild the GPT of a checkpoint (its weight average when it has one and use_ema);
     overrides (e.g. disco_alpha) change config fields."""
@@ -184,7 +176,7 @@ def model_from_checkpoint(ckpt, use_ema=True, **overrides):
         raise CheckpointError(f"checkpoint model config is invalid: {e}") from None
     model = GPT(config)
     weights = ckpt["ema"] if use_ema and "ema" in ckpt else ckpt["model"]
-    missing, unexpected = model.load_state_dict(strip_compile_prefix(weights), strict=False)
+    missing, unexpected = model.load_state_dict(weights, strict=False)
     if missing or unexpected:
         raise CheckpointError(f"checkpoint does not match its config: missing {missing[:3]}, "
                               f"unexpected {unexpected[:3]}")
@@ -220,7 +212,7 @@ def load_branch(path, config, stated=()):
         raise CheckpointError(f"init_from={path!r} is not 'scratch', 'resume', a run folder, a checkpoint or a Hugging "
                               "Face model folder: nothing there")
     ckpt = load_checkpoint(path)
-    return (strip_compile_prefix(ckpt["model"]), ckpt.get("ema"), {},
+    return (ckpt["model"], ckpt.get("ema"), {},
             {"init_from": path, "init_kind": "run", "init_iter": ckpt.get("iter_num"),
              "init_changed": {k: [v, config[k]] for k, v in ckpt.get("config", {}).items()
                               if k in config and config[k] != v and k not in ("out_dir", "init_from", "overwrite")}})

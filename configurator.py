@@ -22,6 +22,7 @@ import os
 import sys
 
 from common import ERRORS, ConfigError, die
+from compat import RENAMED
 
 
 def _closest(key, allowed):
@@ -46,16 +47,6 @@ def _set(config, key, value, source, given):
         raise ConfigError(f"{key}={value!r} and {twice[0]} in {source} set one key twice ({new}; "
                           f"{', '.join(k for k, v in RENAMED.items() if v == new)} is its old name): give only {new}")
     config[new] = value
-
-
-# keys renamed since: config files, command lines and checkpoints (checkpoint.load_checkpoint) with an old name
-# keep working. Phi's settings drive PonderLM as well as DiscoLoop, so they are not called disco_*.
-RENAMED = {"disco_tau": "phi_tau", "disco_topk": "phi_topk", "disco_chunk": "phi_chunk"}
-
-
-def renamed(d):
-    """d with every old key name replaced by its new one."""
-    return {RENAMED.get(k, k): v for k, v in d.items()}
 
 
 def _check(key, value, defaults, source):

@@ -24,7 +24,7 @@ from tqdm import tqdm
 
 import train_config
 from checkpoint import (keep_copy, load_branch, load_branch_weights, load_for_resume, restore_training,
-                        resume_architecture, save_checkpoint, strip_compile_prefix)
+                        resume_architecture, save_checkpoint)
 from common import (DTYPES, ERRORS, any_rank, autocast, die, out_of_memory, rank0_decides, resolve_device,
                     stop_on_signals)
 from configurator import configure
@@ -137,7 +137,7 @@ torch.manual_seed(seed)  # same initial weights on every rank (DDP also broadcas
 model_args = {k: config[k] for k in GPTConfig.__dataclass_fields__}  # stored in checkpoints
 model = GPT(GPTConfig.from_dict(config))
 if ckpt is not None:
-    model.load_state_dict(strip_compile_prefix(ckpt["model"]))
+    model.load_state_dict(ckpt["model"])
 elif branch is not None:
     try:
         fresh = load_branch_weights(model, branch[0], init_from)  # e.g. DiscoLoop's gate, new to a vanilla loop's run

@@ -82,7 +82,7 @@ def test_renamed_keys_keep_loading(tmp_path):
     c = configure(defaults, [str(cfg), "--disco_topk=4"])
     assert c == {"phi_topk": 4, "phi_tau": 0.5, "phi_chunk": 0}
     old_args = {"vocab_size": 40, "n_layer": 1, "n_head": 2, "n_embd": 16, "recurrence": "disco", "disco_topk": 3}
-    from configurator import renamed  # old names are read where old files are (config files, checkpoints), not by model.py
+    from compat import renamed  # old names are read where old files are (config files, checkpoints), not by model.py
     assert GPTConfig.from_dict(renamed(old_args)).phi_topk == 3
     path = str(tmp_path / "ckpt.pt")
     save_checkpoint({"model": GPT(GPTConfig.from_dict(renamed(old_args))).state_dict(), "model_args": old_args,
