@@ -122,7 +122,7 @@ def load_for_resume(path, config, data_config, rows):
     """(checkpoint, {key: [checkpoint's, now]} this resume changes), or a one-line CheckpointError: the model,
     the data's generating config and the curriculum's acted joins must be what the weights were trained with."""
     ckpt = load_checkpoint(path, required=RESUME_KEYS)
-    changes, why = resume_changes(ckpt["config"], config, ckpt.get("dtype"))
+    changes, why = resume_changes(ckpt["config"], config, ckpt.get("dtype_resolved"))
     why = why or config_mismatch(ckpt["model_args"], config, list(GPTConfig.__dataclass_fields__)) \
         or config_mismatch(ckpt.get("data_config", {}), data_config, list(data_config)) \
         or joins_changed(ckpt["config"].get("split_join", {}), config["split_join"], rows, ckpt["iter_num"])

@@ -14,8 +14,11 @@ def renamed(d):
 
 
 def upgrade_checkpoint(ckpt):
-    """A loaded checkpoint (a dict) in today's form: renamed keys in its model_args and config, and weight names
-    without the '_orig_mod.' prefix that a whole-model torch.compile gave them before compile went per block."""
+    """A loaded checkpoint (a dict) in today's form: renamed keys in its model_args and config, the precision it was
+    trained in as 'dtype_resolved' (it was 'dtype', the name of the key that asks for one), and weight names without
+    the '_orig_mod.' prefix that a whole-model torch.compile gave them before compile went per block."""
+    if "dtype" in ckpt and "dtype_resolved" not in ckpt:
+        ckpt["dtype_resolved"] = ckpt.pop("dtype")
     for key in ("model_args", "config"):
         if isinstance(ckpt.get(key), dict):
             ckpt[key] = renamed(ckpt[key])

@@ -55,7 +55,7 @@ CHECKPOINTING = ("none", "block")
 @dataclass
 class GPTConfig:
     block_size: int = 1024     # longest sequence (RoPE tables and learned positions are this long)
-    vocab_size: int = 50304    # embedding rows (tied with the head unless tie_embeddings=False)
+    vocab_size: int = 50304    # embedding rows (tied with the head unless tie_embeddings=False); train.py: 0 = the data's
     n_layer: int = 12          # blocks in the stack: f_theta (one loop), plus the prelude and coda if any
     n_prelude: int = 0         # the first n_prelude blocks run once before the loop, n_coda blocks once after it; f_theta
     n_coda: int = 0            # is the middle (McLeish et al. 2025's retrofitted recurrence of a pretrained model)

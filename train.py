@@ -125,8 +125,8 @@ if init_from == "resume" or eval_only:  # eval_only evaluates the checkpoint in 
 
 # -----------------------------------------------------------------------------
 # model, precision, optimizers
-if dtype == "auto" and ckpt is not None and ckpt.get("dtype"):
-    dtype = ckpt["dtype"]  # a resumed run keeps the precision it started with (bit-identical resume)
+if dtype == "auto" and ckpt is not None and ckpt.get("dtype_resolved"):
+    dtype = ckpt["dtype_resolved"]  # a resumed run keeps the precision it started with (bit-identical resume)
 elif dtype == "auto" and device_type != "cpu":
     dtype = resolve_dtype("auto", device)  # a GPU: bf16 where it has it (a CPU: timed below, on this model)
 if device_type == "cuda" and memory_check:  # measured with fake tensors: an OOM-bound config stops here, not at step 1
@@ -348,7 +348,7 @@ while True:
         if master and iter_num > 0 and iter_num != saved_at:
             obj = {"model": raw_model.state_dict(), "optimizers": [o.state_dict() for o in optimizers],
                    "model_args": model_args, "config": config, "data_config": data.config, "iter_num": iter_num,
-                   "dtype": dtype, "elapsed": round(time.time() - t_start, 2),
+                   "dtype_resolved": dtype, "elapsed": round(time.time() - t_start, 2),
                    "cpu_elapsed": round(time.process_time() - cpu_start, 2), "rng_cpu": torch.get_rng_state(),
                    "last": last, **({"rng_cuda": torch.cuda.get_rng_state()} if device_type == "cuda" else {}),
                    **({"ema": ema.state_dict()} if ema is not None else {}),

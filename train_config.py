@@ -39,10 +39,7 @@ stop_patience = 10           # with stop_metric: stop after this many evaluation
 loops_by_hops = False        # QA: a k-hop question is trained and evaluated after k loops (atomic facts after 1): one hop per loop, for hop extrapolation
 extra_loops = 0              # with loops_by_hops: each training question gets 0..extra_loops more loops (drawn per row), so its answer must survive them
 split_join = {}              # QA curriculum: {training split: iteration it joins the mix, or a rule on a validation metric}, e.g. {"train_id_3hop": 6630} or {"train_id_3hop": "acc/val_id>=0.9"}
-# model: every GPTConfig field is a key here too, with GPTConfig's default (model.py; --help lists them);
-# these two are the dataset's unless set
-vocab_size = 0               # embedding rows; 0 = the dataset's vocabulary (larger pads, e.g. to match a parameter count)
-block_size = 8               # longest sequence (QA: at least the longest example; pretrain: the window)
+# model: every GPTConfig field is a key here too, defined there once (model.py; --help lists them)
 # optimizer: AdamW on everything, or Muon on the 2-D block matrices + AdamW on the rest
 optimizer = "adamw"          # 'adamw' | 'muon'
 learning_rate = 3e-3         # peak learning rate
@@ -111,8 +108,7 @@ for _k in ("max_iters", "warmup_iters", "lr_decay_iters", "keep_every"):
 
 
 def defaults():
-    """Every key train.py takes: GPTConfig's model keys, then the training keys (whose vocab_size and
-    block_size mean the dataset's vocabulary and longest example)."""
+    """Every key train.py takes: GPTConfig's model keys, then the training keys."""
     return {**GPTConfig.defaults(), **KEYS}
 
 
@@ -124,7 +120,8 @@ def check(config):
     if config["min_lr"] > config["learning_rate"]:
         raise ConfigError(f"min_lr={config['min_lr']} is above learning_rate={config['learning_rate']}: "
                           "the schedule decays to min_lr, so allowed min_lr <= learning_rate")
-    GPTConfig.from_dict({**config, "vocab_size": config["vocab_size"] or max(1, config["phi_topk"])})  # 0: the data's
+    # the model keys' one validator; vocab_size 0 is the data's, checked against the data in check_with_data
+    GPTConfig.from_dict({**config, "vocab_size": config["vocab_size"] or max(1, config["phi_topk"])})
 
 
 def check_with_data(config, data):

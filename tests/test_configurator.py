@@ -85,9 +85,11 @@ def test_renamed_keys_keep_loading(tmp_path):
     from compat import renamed  # old names are read where old files are (config files, checkpoints), not by model.py
     assert GPTConfig.from_dict(renamed(old_args)).phi_topk == 3
     path = str(tmp_path / "ckpt.pt")
-    save_checkpoint({"model": GPT(GPTConfig.from_dict(renamed(old_args))).state_dict(), "model_args": old_args,
-                     "config": {"disco_chunk": 8}}, path)
+    weights = GPT(GPTConfig.from_dict(renamed(old_args))).state_dict()
+    save_checkpoint({"model": {f"_orig_mod.{k}": v for k, v in weights.items()}, "model_args": old_args,
+                     "config": {"disco_chunk": 8}, "dtype": "float32"}, path)  # a whole-model compile's names
     ck = load_checkpoint(path)
     assert ck["model_args"]["phi_topk"] == 3 and "disco_topk" not in ck["model_args"]
+    assert ck["model"].keys() == weights.keys() and ck["dtype_resolved"] == "float32" and "dtype" not in ck
     assert ck["config"] == {"phi_chunk": 8}
     assert isinstance(torch.load(path, weights_only=True)["model_args"]["disco_topk"], int)  # the file is as written

@@ -35,7 +35,7 @@ def test_symbolic_bf16_steps(tiny_data, tmp_path, compile):
             timeout=600, fresh=compile)  # Inductor's compile workers do not start in a child of the tests' zygote
     assert r.returncode == 0, r.stderr[-3000:]
     assert "torch.compile failed" not in r.stderr and [m["iter"] for m in rows(out)] == [0, 10, 20]
-    assert finite(rows(out)) and torch.load(os.path.join(out, "ckpt.pt"), weights_only=True)["dtype"] == "bfloat16"
+    assert finite(rows(out)) and torch.load(os.path.join(out, "ckpt.pt"), weights_only=True)["dtype_resolved"] == "bfloat16"
 
 
 @pytest.mark.parametrize("compile", [False, True])

@@ -31,7 +31,7 @@ def test_train_then_resume(tiny_data, tmp_path):
     assert {"acc/test_id", "acc/test_ood", "acc/train_atom", "acc1/train_id", "acc1/train_atom"} <= set(ms[-1])
     assert "acc1/test_ood" not in ms[-1]  # Stage-1 where plots and rules read it: training splits by default
     ck = torch.load(os.path.join(out, "ckpt.pt"), weights_only=True)
-    assert ck["iter_num"] == 30 and ck["dtype"] == "float32"
+    assert ck["iter_num"] == 30 and ck["dtype_resolved"] == "float32"
     assert ck["elapsed"] >= ms[-1]["time"] > 0
     r = run(tiny_train_args(tiny_data, out, "--max_iters=50", "--eval_interval=10", "--init_from=resume"))
     assert r.returncode == 0, r.stderr
@@ -67,7 +67,7 @@ def test_resume_keeps_the_checkpoint_dtype(tiny_data, tmp_path):
     out = str(tmp_path / "run")
     r = run(tiny_train_args(tiny_data, out, "--max_iters=4", "--eval_interval=4", "--dtype=bfloat16"))
     assert r.returncode == 0, r.stderr
-    assert torch.load(os.path.join(out, "ckpt.pt"), weights_only=True)["dtype"] == "bfloat16"
+    assert torch.load(os.path.join(out, "ckpt.pt"), weights_only=True)["dtype_resolved"] == "bfloat16"
     r = run(tiny_train_args(tiny_data, out, "--max_iters=8", "--eval_interval=4", "--init_from=resume", "--dtype=auto"))
     assert r.returncode == 0, r.stderr
     assert "dtype bfloat16" in r.stdout
