@@ -1,5 +1,6 @@
 #!/bin/bash
-# fixed-seed runs of the four recurrences and pretrain_tiny on the tree before this session (f742e91) and on HEAD:
+# fixed-seed runs of the four recurrences and pretrain_tiny on the tree before this session (/tmp/old, a worktree of
+# its starting commit: a0d70e6 last) and on HEAD:
 # the metrics rows must be identical but for timings
 T="--max_iters=30 --eval_interval=15 --dtype=float32 --threads=1 --stop_metric= --n_embd=64 --n_head=2"
 D="--data_args={'n_entities':60,'n_relations':10,'out_degree':4,'n_train':600,'n_test':100,'n_val':100,'eval_hops':3}"
