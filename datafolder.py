@@ -17,7 +17,6 @@ import os
 from common import DataError
 
 KINDS = ("qa", "tokens", "tasks", "model")  # tasks: lm-eval task YAMLs (data/benchmarks); model: pretrained weights (data/smollm2)
-RUN_FILES = ("ckpt.pt", "metrics.jsonl", "run.lock")  # any of these (or train.py's config.json) makes a run folder
 MODEL_FILES = (".safetensors", ".bin", ".gguf", ".pt", "tokenizer.json", "tokenizer_config.json")  # a model's files
 
 
@@ -54,20 +53,18 @@ def _json_object(path):
     return obj if isinstance(obj, dict) else None
 
 
-def _run_file(name):
-    return name in RUN_FILES or name == "config.json" or (name.startswith("ckpt_") and name.endswith(".pt"))
-
-
 def owner(path):
     """Who wrote the folder at path: None (absent or empty), 'train.py', 'export_hf.py', 'data/<generator>/prepare.py',
-    or a description of someone else's ('a Hugging Face model', 'unknown files such as ...'). A file, or a path
-    under a file, is a DataError."""
+    or a description of someone else's ('a Hugging Face model', 'unknown files ...'). A file, a path under a
+    file, or a symbolic link is a DataError."""
     above = os.path.abspath(path)
     while not os.path.exists(above):
         above = os.path.dirname(above)
     if not os.path.isdir(above):
         raise DataError(f"'{path}' is {'a file' if above == os.path.abspath(path) else f'under {above!r}, a file'}, "
                         "not a folder: choose a folder")
+    if os.path.islink(path):
+        raise DataError(f"'{path}' is a symbolic link: name the folder itself ({os.path.realpath(path)!r})")
     if not os.path.isdir(path) or not os.listdir(path):
         return None
     names = set(os.listdir(path))
@@ -77,14 +74,23 @@ def owner(path):
     config = _json_object(os.path.join(path, "config.json")) if "config.json" in names else None
     if config is not None and config.get("model_type") == "discoloop":
         return "export_hf.py"
-    if config is not None and "init_from" in config and "out_dir" in config:  # train.py's record (runlog.RunLog)
-        return "train.py"
-    if "config.json" in names or any(n.endswith(MODEL_FILES) and n not in RUN_FILES and not n.startswith("ckpt")
-                                     for n in names):
+    ours = config is not None and {"init_from", "out_dir", "resumes", "recurrence"} <= set(config)  # RunLog.start's
+    if "config.json" in names and not ours or any(n.endswith(MODEL_FILES) and not n.startswith("ckpt") for n in names):
         return "a Hugging Face model (config.json, weights or tokenizer files)"
-    if any(_run_file(n.split(".tmp-")[0]) for n in names):  # its files, or their temp files (common.tmp_name)
+    if ours or names & {"run.lock", "ckpt.pt"}:  # proof: its record, its lock (the first thing it writes), its checkpoint
         return "train.py"
-    return f"unknown files such as {sorted(names)[0]!r}"
+    return f"unknown files {sorted(names)[:3]} (no run.lock, no config.json of train.py's)"
+
+
+def beside_checkpoint(ckpt, name, key="json"):
+    """Where a probe or an evaluation of `ckpt` (a run folder or a checkpoint file in one) writes `name` by default:
+    into that run folder, train.py's (claim); a Hugging Face or any other folder is one line asking for --json."""
+    folder = ckpt if os.path.isdir(ckpt) else os.path.dirname(ckpt) or "."
+    who = owner(folder) if os.path.exists(ckpt) else "train.py"  # a missing checkpoint: its reader's one line
+    if who != "train.py":
+        raise DataError(f"'{folder}' holds {who or 'nothing'}, not a run folder: writing {name} there is not ours to "
+                        f"do; pass --{key}=FILE")
+    return os.path.join(folder, name)
 
 
 def claim(path, writer, key="out_dir"):

@@ -28,6 +28,7 @@ from common import autocast, resolve_device, table
 from checkpoint import checkpoint_tokenizer, load_checkpoint, model_from_checkpoint
 from common import ERRORS, SYSTEM_CHECKS, CheckpointError, ConfigError, die
 from configurator import INT_GE0, INT_GE1, OUTPUT, configure
+from datafolder import beside_checkpoint
 from precision import resolve_dtype
 from pretrained import folder_tokenizer, from_pretrained, hf_folder, pretrained_architecture
 
@@ -257,6 +258,7 @@ def main(argv):
         c = configure(DEFAULTS, argv, __doc__, __file__, CHECKS)
         if not c["ckpt"]:
             raise ConfigError("--ckpt=PATH is required (a checkpoint file or run folder)")
+        path = c["json"] or beside_checkpoint(c["ckpt"], "eval_harness.json")  # decided before the evaluation
         import lm_eval
         from lm_eval.tasks import TaskManager
         if c["threads"]:
@@ -287,7 +289,6 @@ def main(argv):
         die(e)
     row = table2_row(res["results"], tasks)
     print(table(list(row), [[f"{v:.1f}" for v in row.values()]]))
-    path = c["json"] or os.path.join(c["ckpt"] if os.path.isdir(c["ckpt"]) else os.path.dirname(c["ckpt"]), "eval_harness.json")
     with open(path, "w") as f:
         json.dump({"row": row, "results": res["results"], "n_loop": c["n_loop"] or None}, f, indent=1, default=str)
     print(f"wrote {path}")

@@ -105,21 +105,22 @@ def cpu_name():
 
 
 def read_cache(path, key):
-    """(every decision kept in the file, this key's or None). The file is input like any other: an entry that
-    pick_cpu_dtype cannot give (float16, a typo) or a file that is not a JSON object is a one-line warning and
-    timed again, never used. A warning, not a refusal: it is only a cache, and timing again is what deleting
-    it would do."""
-    try:
-        with open(path) as f:
-            known = json.load(f)
-    except FileNotFoundError:
+    """(every decision kept in the file or None when the file is not this cache, this key's decision or None). The
+    file is input like any other: an entry that pick_cpu_dtype cannot give (float16, a typo) is a one-line warning
+    and timed again, never used (a warning, not a refusal: timing again is what deleting a cache would do). A path
+    that is not this cache (not a regular file, not JSON, someone else's JSON: keys not '<cpu> | torch ...') is
+    never read past that and never written: a one-line warning, and the decision is timed at every start."""
+    if not os.path.lexists(path):
         return {}, None
-    except (OSError, ValueError):
-        known = None
-    if not isinstance(known, dict):
-        print(f"warning: '{path}' is not a JSON object of CPU precision decisions: timed again, the file rewritten",
-              file=sys.stderr)
-        return {}, None
+    known = None
+    if os.path.isfile(path) and not os.path.islink(path):  # a pipe would block, a device or a link is not ours
+        with contextlib.suppress(OSError, ValueError):
+            with open(path) as f:
+                known = json.load(f)
+    if not isinstance(known, dict) or not all(" | torch " in k for k in known):
+        print(f"warning: DISCOLOOP_DTYPE_CACHE='{path}' is not a CPU precision cache: left as it is, the precision "
+              "timed now and not kept (point DISCOLOOP_DTYPE_CACHE at a new file)", file=sys.stderr)
+        return None, None
     if key in known and known[key] not in CPU_DTYPES:
         print(f"warning: '{path}' keeps dtype {known[key]!r} for this CPU and shape; allowed {CPU_DTYPES}: timed again",
               file=sys.stderr)
@@ -136,6 +137,8 @@ def cached_cpu_dtype(what, decide):
     if kept is not None:
         return kept, f"decided earlier on this machine (kept in {path})"
     choice = decide()
+    if known is None:  # not this cache: never written
+        return choice, "timed now (not kept)"
     with contextlib.suppress(OSError):  # an unwritable home: decide at every start instead
         os.makedirs(os.path.dirname(path), exist_ok=True)
         atomic_write(path, json.dumps({**known, key: choice}, indent=1))

@@ -26,7 +26,7 @@ from common import (ERRORS, SYSTEM_CHECKS, CheckpointError, ConfigError, DataErr
 from configurator import INT_GE1, OUTPUT, configure, num, one_of
 from precision import resolve_dtype
 from runlog import STOP_METRIC_CHECK
-from datafolder import kind_of, read_meta
+from datafolder import beside_checkpoint, kind_of, read_meta
 from tasks import QAData, accuracy
 
 BRIDGE_POS = 1
@@ -357,8 +357,7 @@ def run_probe(cmd, a, device):
             res = cmd_sweep(model, data, a["norm"], [float(x) for x in a["alphas"].split(",")], a["png"] or None)
         else:
             res = cmd_gate(model, data)
-    out_dir = a["ckpt"] if os.path.isdir(a["ckpt"]) else os.path.dirname(a["ckpt"])
-    return res, a["json"] or os.path.join(out_dir, f"probe_{cmd}.json")
+    return res, a["json"] or beside_checkpoint(a["ckpt"], f"probe_{cmd}.json")
 
 
 def main(argv):

@@ -99,6 +99,13 @@ def test_train_writes_only_into_its_own_run_folder(tiny_data, tmp_path):
         before = snapshot(folder)
         refused(run(tiny_train_args(tiny_data, str(folder), "--max_iters=1")), who, "not train.py's")
         assert snapshot(folder) == before, who
+    notes = tmp_path / "notes"  # a user's metrics.jsonl (a run file's name) beside their notes: not train.py's
+    notes.mkdir()
+    (notes / "metrics.jsonl").write_text('{"iter": 0}\n')
+    (notes / "notes.txt").write_text("mine")
+    before = snapshot(notes)
+    refused(run(tiny_train_args(tiny_data, str(notes), "--max_iters=1")), "unknown files", "no run.lock")
+    assert snapshot(notes) == before
     own = str(tmp_path / "run")
     assert run(tiny_train_args(tiny_data, own, "--max_iters=1")).returncode == 0
     r = run(tiny_train_args(tiny_data, own, "--max_iters=2", "--init_from=resume"))

@@ -339,6 +339,10 @@ def test_eval_harness_reads_a_pretrained_folder(tmp_path):
     assert DiscoLoopLM(folder, device="cpu", dtype="float32").eot_token_id == 9
     tokenizer(V + 5)
     os.remove(os.path.join(folder, "model.safetensors"))  # never reached: the tokenizer is refused first
-    r = run(["eval_harness.py", f"--ckpt={folder}", "--tasks=piqa"])
+    before = sorted(os.listdir(folder))
+    r = run(["eval_harness.py", f"--ckpt={folder}", "--tasks=piqa"])  # its default output lies in a run folder only
+    assert r.returncode == 2 and "not a run folder" in r.stderr and "--json=FILE" in r.stderr, r.stderr[-2000:]
+    r = run(["eval_harness.py", f"--ckpt={folder}", "--tasks=piqa", f"--json={tmp_path / 'eval.json'}"])
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr[-2000:]
     assert f"has {V + 5} tokens, more than the model's vocab_size={V}" in r.stderr, r.stderr
+    assert sorted(os.listdir(folder)) == before  # nothing written into someone's model folder

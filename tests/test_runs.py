@@ -46,6 +46,7 @@ def test_start_clears_temp_files_of_dead_runs(tiny_data, tmp_path):
     out = tmp_path / "run"
     out.mkdir()
     (out / "ckpt.pt.tmp-999999").write_bytes(b"x" * 100)
+    (out / "run.lock").write_text("999999")  # the dead run's lock: what proves the folder train.py's
     assert run(tiny_train_args(tiny_data, str(out), "--max_iters=5", "--eval_interval=5")).returncode == 0
     assert not [f for f in os.listdir(out) if ".tmp-" in f]
 

@@ -385,23 +385,48 @@ def test_cpu_precision_is_decided_once_per_machine_and_shape(tmp_path, monkeypat
     assert precision.cached_cpu_dtype("shape A", decide("float32"))[0] == "float32"
 
 
-@pytest.mark.parametrize("edit", ["float16", "fp32", None, "not json"])
+@pytest.mark.parametrize("edit", ["float16", "fp32", None])
 def test_cpu_precision_cache_is_read_like_input(tmp_path, monkeypatch, capsys, edit):
-    """A cache entry edited to what a CPU step cannot compute in here (float16 on a CPU, a typo, not a string), or
-    a file that is not JSON: one warning line naming the file and the value, timed again and rewritten, never used."""
+    """A cache entry edited to what a CPU step cannot compute in here (float16 on a CPU, a typo, not a string): one
+    warning line naming the file and the value, timed again and rewritten, never used; the other entries stay."""
     import precision
     path = tmp_path / "c.json"
     monkeypatch.setenv("DISCOLOOP_DTYPE_CACHE", str(path))
     precision.cached_cpu_dtype("shape A", lambda: "float32")
     key = next(iter(json.loads(path.read_text())))
-    path.write_text("{" if edit == "not json" else json.dumps({key: edit, "other": "bfloat16"}))
+    other = key.replace("shape A", "shape B")
+    path.write_text(json.dumps({key: edit, other: "bfloat16"}))
     capsys.readouterr()
     assert precision.cached_cpu_dtype("shape A", lambda: "bfloat16") == ("bfloat16", f"timed now (kept in {path})")
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and err.startswith("warning:") and str(path) in err
-    assert (repr(edit) in err and "allowed ('float32', 'bfloat16')" in err) if edit != "not json" else "not a JSON object" in err
-    kept = json.loads(path.read_text())
-    assert kept[key] == "bfloat16" and kept.get("other", "bfloat16") == "bfloat16"  # the other entries stay
+    assert repr(edit) in err and "allowed ('float32', 'bfloat16')" in err
+    assert json.loads(path.read_text()) == {key: "bfloat16", other: "bfloat16"}
+
+
+@pytest.mark.parametrize("what", ["not json", "someone's json", "a fifo", "a link to /dev/null", "a folder"])
+def test_a_cache_path_that_is_not_the_cache_is_never_written(tmp_path, monkeypatch, capsys, what):
+    """DISCOLOOP_DTYPE_CACHE naming someone's file, a pipe, a device (through a link) or a folder: one warning, the
+    precision timed and not kept, the path exactly as it was (no hang on a pipe)."""
+    import precision
+    path = tmp_path / "c.json"
+    if what == "not json":
+        path.write_text("my notes")
+    elif what == "someone's json":
+        path.write_text(json.dumps({"name": "my-package"}))
+    elif what == "a fifo":
+        os.mkfifo(path)
+    elif what == "a link to /dev/null":
+        os.symlink(os.devnull, path)
+    else:
+        path.mkdir()
+    before = (path.is_file() and path.read_text(), os.path.islink(path), path.is_dir())
+    monkeypatch.setenv("DISCOLOOP_DTYPE_CACHE", str(path))
+    capsys.readouterr()
+    assert precision.cached_cpu_dtype("shape A", lambda: "bfloat16") == ("bfloat16", "timed now (not kept)")
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "is not a CPU precision cache" in err
+    assert (path.is_file() and path.read_text(), os.path.islink(path), path.is_dir()) == before
 
 
 def test_train_auto_dtype_twice_gives_one_choice(tiny_data, tmp_path):
