@@ -312,14 +312,16 @@ TOY = dict(n_embd=64, n_head=4, block_size=64, vocab_size=2048, batch_size=2)  #
 def compile_main(argv):
     """bench.py compile CONFIG [--modes=eager,blocks,whole] [--steps=3]: seconds to the first training step (compile
     included, Inductor's caches off) and the later step time, eager against each Block compiled on its own (train.py's
-    compile=True) and against the whole unrolled model, at the config's depth, K and options and a toy width (TOY),
-    in one process; unique compiled graphs show whether anything recompiles across layers or loops."""
+    compile=True) and against the whole unrolled model, at the config's depth, K and options and a toy width (TOY, but
+    for the keys the command line gives), in one process; unique compiled graphs show whether anything recompiles across layers or loops."""
     import torch._inductor.config
     from torch._dynamo.utils import counters
     extra = {"modes": "eager,blocks,whole",  # comma list of eager | blocks (per block) | whole (torch.compile(model))
              "steps": 3}                     # later steps timed (median), after the first
     c = training_config(argv, "compile", compile_main.__doc__, extra, {"steps": INT_GE1}, need_vocab=False)
-    c.update(TOY, phi_topk=min(c["phi_topk"], TOY["vocab_size"]), phi_chunk=0, loss_chunk=0)
+    given = {a[2:].split("=")[0] for a in argv if a.startswith("--")}  # the command line's keys beat the toy width
+    c.update({k: v for k, v in TOY.items() if k not in given}, phi_chunk=0, loss_chunk=0)
+    c["phi_topk"] = min(c["phi_topk"], c["vocab_size"])
     modes = c["modes"].split(",")
     try:
         if not modes or not set(modes) <= {"eager", "blocks", "whole"}:
@@ -345,8 +347,8 @@ def compile_main(argv):
         later = timed(step, c["steps"], device)
         rows.append([mode, round(first, 1), round(later * 1000, 1), counters["stats"]["unique_graphs"]])
     ref = rows[0][2]
-    print(f"{cfg.recurrence} n_layer={cfg.n_layer} K={cfg.n_loop} activation_checkpointing="
-          f"{cfg.activation_checkpointing!r}, toy width {TOY}, device {device}, torch {torch.__version__}")
+    print(f"{cfg.recurrence} n_layer={cfg.n_layer} K={cfg.n_loop} activation_checkpointing={cfg.activation_checkpointing!r}, "
+          f"d={cfg.n_embd} T={cfg.block_size} V={cfg.vocab_size} B={c['batch_size']}, device {device}, torch {torch.__version__}")
     print(table(["mode", "first step s", "later step ms", "compiled graphs", f"step vs {rows[0][0]}"],
                 [row + [f"{row[2] / ref:.3f}x"] for row in rows]))
     return rows

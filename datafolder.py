@@ -70,7 +70,9 @@ def owner(path):
     names = set(os.listdir(path))
     if "meta.json" in names:
         gen = read_meta(path).get("generator")  # a damaged meta.json is its own one line
-        return f"data/{gen}/prepare.py" if isinstance(gen, str) and gen else "an unknown prepared folder (meta.json)"
+        if not isinstance(gen, str) or not gen:
+            return "an unknown prepared folder (meta.json)"
+        return f"data/{gen}.py" if "/" in gen else f"data/{gen}/prepare.py"  # 'pretrain/local_task': a script beside
     config = _json_object(os.path.join(path, "config.json")) if "config.json" in names else None
     if config is not None and config.get("model_type") == "discoloop":
         return "export_hf.py"

@@ -208,6 +208,10 @@ def read_weights_file(path):
                         f"{first[:200]})") from None
     if not isinstance(sd, dict) or not all(isinstance(k, str) and torch.is_tensor(v) for k, v in sd.items()):
         raise DataError(f"'{path}' holds no {{name: tensor}} state dict")
+    ints = [k for k, v in sd.items() if not v.is_floating_point() and not k.endswith(("inv_freq", "attn.bias", "masked_bias"))]
+    if ints:  # quantized or corrupt: loading would cast them to float without a word
+        raise DataError(f"'{path}': weight {ints[0]!r} is {sd[ints[0]].dtype}, allowed floating-point weights "
+                        "(a quantized checkpoint is not supported)")
     return sd
 
 
@@ -263,7 +267,11 @@ def _gpt2_weights(sd, config, files):
 
 
 def _llama_config(hf, path):
-    rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}  # transformers 5 / 4
+    for key in ("rope_parameters", "rope_scaling"):  # transformers 5 / 4: either may carry a scaling
+        r = hf.get(key) or {}
+        kind = r.get("rope_type", r.get("type", "default")) if isinstance(r, dict) else "default"
+        _hf_require(kind == "default", f"{key} with rope_type={kind!r} (ours: plain RoPE)", path)
+    rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
     if not isinstance(rope, dict):
         raise DataError(f"{path}: rope_parameters={rope!r} is invalid: allowed an object")
     rope_type = rope.get("rope_type", rope.get("type", "default"))

@@ -51,6 +51,23 @@ def load_meta(data_dir):
     return meta
 
 
+def qa_damaged(data_dir):
+    """'' if every split file of a QA folder is as meta.json records it, else what is not (its prepare script then
+    makes it again); when files it did not write lie beside a damaged one, one line, and the folder stays as it is."""
+    meta = read_meta(data_dir)
+    sums = meta.get("checksums") or {}
+    for info in meta.get("splits", {}).values():
+        try:
+            read_verified(os.path.join(data_dir, info["file"]), sums.get(info["file"]))
+        except DataError as e:
+            added = sorted(set(os.listdir(data_dir)) - set(sums) - {"meta.json"})
+            if added:  # making it again would delete them
+                raise DataError(f"{e}; '{data_dir}' also holds files its prepare script did not write ({added[:3]}): "
+                                "left untouched, move them out and prepare again") from None
+            return str(e).split(": the file is cut")[0]
+    return ""
+
+
 def read_verified(path, expected):
     """The lines of a split file, after checking them against meta.json's count and sha256."""
     if not os.path.isfile(path):

@@ -139,3 +139,9 @@ def test_gpu_device_check_dry_runs_on_cpu(tiny_data, tmp_path):
     assert len(os.listdir(out)) <= 8, os.listdir(out)
     assert "| DiscoLoop |" in (out / "step.log").read_text() and "| bag |" in (out / "phi.log").read_text()
     assert json.loads((out / "phi.json").read_text())
+    for bad, needle in ((dict(OUT=str(out)), "is not empty"), (dict(DRY="true"), "DRY='true'".replace("'", "")),
+                        (dict(DEADLINE="abc"), "DEADLINE=abc"), (dict(OUT=str(out / "phi.json" / "x")), "cannot be made")):
+        r = subprocess.run(["bash", ".ci/gpu.sh"], cwd=REPO, env={**env, "OUT": str(tmp_path / "new"), **bad},
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 2 and r.stderr.startswith("error:") and needle in r.stderr, (bad, r.stderr)
+        assert len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / "new").exists()

@@ -4,6 +4,7 @@ import os
 
 import pytest
 
+from common import DataError
 from conftest import REPO, run
 
 import importlib.util
@@ -209,10 +210,36 @@ def test_smollm2_rerun_checks_what_it_made(tmp_path, monkeypatch, capsys):
     smol.prepare(c)
     assert "config.json' is not the file made here (40 bytes; made: 40 bytes)" in capsys.readouterr().out
     assert len(made) == 3
+    with open(weights, "r+b") as f:
+        f.truncate(1000)
+    with open(os.path.join(out, "NOTES.md"), "w") as f:
+        f.write("mine")  # someone's file beside a damaged one: refused, not deleted by the repair
+    with pytest.raises(DataError, match=r"holds files this script did not make \(\['NOTES.md'\]\)"):
+        smol.prepare(c)
+    assert open(os.path.join(out, "NOTES.md")).read() == "mine" and len(made) == 3
+    os.remove(os.path.join(out, "NOTES.md"))
+    smol.prepare(c)
+    assert len(made) == 4
     with open(os.path.join(out, "meta.json")) as f:
         old = json.load(f)
     del old["files"]  # a folder made before the record: it cannot be checked, so it is made again
     with open(os.path.join(out, "meta.json"), "w") as f:
         json.dump(old, f)
     smol.prepare(c)
-    assert "made before meta.json recorded its files" in capsys.readouterr().out and len(made) == 4
+    assert "made before meta.json recorded its files" in capsys.readouterr().out and len(made) == 5
+
+
+def test_symbolic_rerun_checks_what_it_made(tmp_path):
+    """A re-run on its own folder with a cut split file makes it again (it said 'kept existing' and training then
+    refused the folder: a loop); with someone's file beside the damage, one line and nothing deleted."""
+    from conftest import TINY_DATA
+    out = tmp_path / "sym"
+    assert run(["data/symbolic/prepare.py", f"--out_dir={out}"] + TINY_DATA).returncode == 0
+    whole = (out / "train_id.txt").read_bytes()
+    (out / "train_id.txt").write_bytes(whole[:len(whole) // 2])
+    (out / "mine.txt").write_text("mine")
+    r = run(["data/symbolic/prepare.py", f"--out_dir={out}"] + TINY_DATA)
+    assert r.returncode == 2 and "also holds files" in r.stderr and (out / "mine.txt").exists(), r.stderr
+    (out / "mine.txt").unlink()
+    r = run(["data/symbolic/prepare.py", f"--out_dir={out}"] + TINY_DATA)
+    assert r.returncode == 0 and "making" in r.stdout and (out / "train_id.txt").read_bytes() == whole, r.stdout

@@ -208,6 +208,7 @@ def test_whatever_is_wrong_inside_a_folder_is_one_line_naming_the_file(tmp_path)
     torch.save({**sd, "args": argparse.Namespace(lr=1)}, pickled)  # a pickled object that is not a tensor
     bad_shape = {**sd, "model.layers.0.self_attn.k_proj.weight": torch.zeros(3, 5)}
     torch.save(bad_shape, tmp_path / "bad_shape.bin")
+    torch.save({**sd, "model.norm.weight": sd["model.norm.weight"].to(torch.int32)}, tmp_path / "ints.bin")
     probes = {  # name: (files to replace, the file the message must name, what it must say)
         "list": ({"config__json": "[1, 2]"}, "config.json", "holds a JSON list"),
         "string": ({"config__json": '"llama"'}, "config.json", "holds a JSON str"),
@@ -228,6 +229,10 @@ def test_whatever_is_wrong_inside_a_folder_is_one_line_naming_the_file(tmp_path)
                   "model.safetensors.index.json", "has no weight_map of file names"),
         "shapes": ({"model__safetensors": None, "pytorch_model__bin": open(tmp_path / "bad_shape.bin", "rb").read()},
                    "pytorch_model.bin", "do not fit"),
+        "ints": ({"model__safetensors": None, "pytorch_model__bin": open(tmp_path / "ints.bin", "rb").read()},
+                 "pytorch_model.bin", "is torch.int32, allowed floating-point weights"),
+        "scaling": ({"config__json": json.dumps({**cfg, "rope_scaling": {"rope_type": "llama3", "factor": 8.0}})},
+                    "config.json", "rope_scaling with rope_type='llama3'"),  # Llama 3.1's: not plain RoPE
     }
     for name, (files, where, what) in probes.items():
         with pytest.raises(DataError) as e:

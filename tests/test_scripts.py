@@ -135,9 +135,17 @@ def test_local_task_one_line(tmp_path):
     afile = tmp_path / "afile"
     afile.write_text("")
     one_line(run(["data/pretrain/local_task.py", "--n=-1"]), "n=-1")
-    one_line(run(["data/pretrain/local_task.py", f"--text_file={text}", f"--out_dir={afile}"]), "is an existing file")
+    one_line(run(["data/pretrain/local_task.py", f"--text_file={text}", f"--out_dir={afile}"]), "is a file")
     one_line(run(["data/pretrain/local_task.py", f"--text_file={text}", f"--out_dir={tmp_path / 'o'}"]), "gives no example")
     assert not (tmp_path / "o").exists()
+    text.write_text(" ".join(["word"] * 400))
+    theirs = tmp_path / "theirs"  # someone's task folder: refused, untouched; its own folder is made again
+    theirs.mkdir()
+    (theirs / "local_lambada.yaml").write_text("mine")
+    one_line(run(["data/pretrain/local_task.py", f"--text_file={text}", f"--out_dir={theirs}"]), "not data/pretrain/local_task.py's")
+    assert os.listdir(theirs) == ["local_lambada.yaml"] and (theirs / "local_lambada.yaml").read_text() == "mine"
+    for _ in range(2):
+        assert run(["data/pretrain/local_task.py", f"--text_file={text}", f"--out_dir={tmp_path / 'mine'}"]).returncode == 0
 
 
 def test_sample_refuses_before_work(tmp_path):

@@ -13,8 +13,9 @@ import sys
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, REPO)
-from common import ConfigError  # noqa: E402
+from common import ConfigError, DataError  # noqa: E402
 from configurator import FOLDER, INT_GE0, INT_GE1, cli  # noqa: E402
+from datafolder import claim  # noqa: E402
 
 DEFAULTS = dict(
     text_file="",       # held-out text (for the Shakespeare runs: a play in the validation shard)
@@ -29,8 +30,10 @@ CHECKS = {"out_dir": FOLDER, "n": INT_GE1, "context_chars": INT_GE1, "seed": INT
 def make(c):
     if not os.path.isfile(c["text_file"]):
         raise ConfigError(f"text_file '{c['text_file']}' not found")
-    if os.path.exists(c["out_dir"]) and not os.path.isdir(c["out_dir"]):
-        raise ConfigError(f"out_dir={c['out_dir']!r} is an existing file, not a folder")
+    try:  # only a folder this script made (its meta.json), an empty or an absent one: never someone's tasks
+        claim(c["out_dir"], "data/pretrain/local_task.py")
+    except DataError as e:
+        raise ConfigError(str(e)) from None
     words = open(c["text_file"], encoding="utf-8", errors="replace").read().split()
     text = " ".join(words)  # one space between words: the target is always ' word'
     ends = [i for i, ch in enumerate(text) if ch == " " and i > c["context_chars"]]
@@ -45,6 +48,9 @@ def make(c):
         raise ConfigError(f"text_file '{c['text_file']}' gives no example: it needs more than context_chars="
                           f"{c['context_chars']} characters followed by whole words")
     os.makedirs(c["out_dir"], exist_ok=True)
+    with open(os.path.join(c["out_dir"], "meta.json"), "w") as f:  # whose folder this is (datafolder.owner)
+        json.dump({"kind": "tasks", "generator": "pretrain/local_task", "config": {k: c[k] for k in c if k != "out_dir"}},
+                  f, indent=1)
     data = os.path.abspath(os.path.join(c["out_dir"], "local_lambada.jsonl"))
     with open(data, "w") as f:
         f.writelines(json.dumps(r) + "\n" for r in rows)

@@ -77,7 +77,12 @@ def prepare(c):
             print(f"{out_dir} already holds {os.path.basename(GGUF)} (made by this script, every file as made): "
                   "left as it is")
             return read_meta(out_dir)
-        if status == "same":  # ours, with this config: repaired by making it again (nothing else is lost)
+        if status == "same":  # ours, with this config: repaired by making it again, unless someone added files
+            made = read_meta(out_dir).get("files")  # (a folder from before the record cannot tell: made again)
+            added = sorted(set(os.listdir(out_dir)) - set(made) - {"meta.json"}) if isinstance(made, dict) else []
+            if added:
+                raise DataError(f"{why}, and '{out_dir}' also holds files this script did not make ({added[:3]}): "
+                                "left untouched; move them out, or delete the folder, then prepare again")
             print(f"{why}: making {out_dir} again")
         meta = make(c, out_dir, config)
     m = meta["model"]

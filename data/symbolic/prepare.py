@@ -28,7 +28,7 @@ sys.path.insert(0, REPO)
 from common import ConfigError  # noqa: E402
 from configurator import FOLDER, INT_GE0, cli  # noqa: E402
 from datafolder import check_ours, prepare_lock  # noqa: E402
-from tasks import write_qa  # noqa: E402
+from tasks import qa_damaged, write_qa  # noqa: E402
 
 ON_FIRST_USE = True  # train.py prepares this folder when it starts (a few seconds)
 DEFAULTS = dict(
@@ -162,8 +162,12 @@ def prepare(c):
     out_dir = c["out_dir"]
     check_config(c)
     with prepare_lock(out_dir):
-        if check_ours(out_dir, "qa", "symbolic", c, GENERATOR_KEYS, added=ADDED_KEYS) == "same":
+        same = check_ours(out_dir, "qa", "symbolic", c, GENERATOR_KEYS, added=ADDED_KEYS) == "same"
+        why = qa_damaged(out_dir) if same else ""  # a cut or changed split file: made again
+        if same and not why:
             return out_dir
+        if why:
+            print(f"{why}: making {out_dir} again")
         splits, meta, _ = build(c)
         files = {f"{s}.txt": "".join(" ".join(ex) + "\n" for ex in exs) for s, exs in splits.items()}
         write_qa(out_dir, files, meta, "symbolic")
