@@ -20,14 +20,14 @@ def open_run_folder(out_dir, lock=True):
     """Make out_dir and prove it writable now, not at the first checkpoint; with lock, hold it for this process
     (lock_run_folder). A one-line RunError for a folder that is not train.py's (datafolder.claim: a Hugging Face
     model, an export, a dataset, unknown files), a file in its place, an unwritable folder or a live holder."""
-    try:
-        claim(out_dir, "train.py")
-    except DataError as e:
-        raise RunError(str(e)) from None
     for name in ("ckpt.pt", "metrics.jsonl", "config.json"):  # the files a run writes: a folder in their place is not ours
         if os.path.isdir(os.path.join(out_dir, name)):
             raise RunError(f"'{os.path.join(out_dir, name)}' is a folder where the run writes its {name}: move it away "
                            "or choose another out_dir")
+    try:
+        claim(out_dir, "train.py")
+    except DataError as e:
+        raise RunError(str(e)) from None
     try:
         os.makedirs(out_dir, exist_ok=True)
         probe = os.path.join(out_dir, f".write-test-{os.getpid()}")
