@@ -280,6 +280,7 @@ if eval_only:  # evaluate the checkpoint in out_dir, append one row, change noth
         destroy_process_group()
     sys.exit(0)
 
+
 def micro_steps(it):
     """One optimization step's gradients, accumulated over this rank's micro-batches with no host sync; returns the
     summed loss (on the device, read back only when logging)."""

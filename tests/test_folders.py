@@ -141,3 +141,13 @@ def test_two_prepares_of_one_folder_take_turns(tmp_path):
     from tasks import QAData
     assert QAData(out).vocab_size > 0  # complete and verified (checksums)
     assert not [n for n in os.listdir(tmp_path) if ".tmp-" in n]
+
+
+def test_prepare_under_a_file_is_one_line(tmp_path):
+    """--out_dir=<a file>/out: the shared lock made the parent folder and raised FileExistsError; now one line."""
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    for script, args in (("data/symbolic/prepare.py", TINY_DATA), ("data/pretrain/prepare.py", TOKENS),
+                         ("data/smollm2/prepare.py", [])):
+        refused(run([script, f"--out_dir={afile / 'out'}"] + args), "a file", "choose a folder")
+    assert afile.read_text() == "x"
