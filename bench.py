@@ -324,8 +324,9 @@ def compile_main(argv):
     c["phi_topk"] = min(c["phi_topk"], c["vocab_size"])
     modes = c["modes"].split(",")
     try:
-        if not modes or not set(modes) <= {"eager", "blocks", "whole"}:
-            raise ConfigError(f"modes={c['modes']!r} is invalid: a comma list of eager, blocks, whole")
+        if not set(modes) <= {"eager", "blocks", "whole"} or len(set(modes)) < len(modes):
+            raise ConfigError(f"modes={c['modes']!r} is invalid: a comma list of eager, blocks, whole, each once "
+                              "(the first is the reference)")
         cfg = GPTConfig.from_dict(c)
         device = setup(c["device"], c["threads"])
     except (ConfigError, ValueError) as e:

@@ -89,7 +89,9 @@ def atomic_write(path, content, durable=False):
 
 def replace_folder(tmp, out_dir):
     """Put a folder written whole at `tmp` in place of out_dir (the caller proved out_dir absent or its own):
-    the old one is moved aside first, so a crash leaves the old or the new folder, never half of one."""
+    the old one is moved aside first, so a crash leaves the old or the new folder, never half of one. A symbolic
+    link is followed: the folder it points to is replaced, the link stays."""
+    out_dir = os.path.realpath(out_dir)
     old = f"{os.path.abspath(out_dir)}.old-{os.getpid()}"
     if os.path.exists(out_dir):
         os.replace(out_dir, old)

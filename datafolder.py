@@ -55,16 +55,14 @@ def _json_object(path):
 
 def owner(path):
     """Who wrote the folder at path: None (absent or empty), 'train.py', 'export_hf.py', 'data/<generator>/prepare.py',
-    or a description of someone else's ('a Hugging Face model', 'unknown files ...'). A file, a path under a
-    file, or a symbolic link is a DataError."""
+    or a description of someone else's ('a Hugging Face model', 'unknown files ...'). A file or a path under a file
+    is a DataError; a symbolic link is read as the folder it points to."""
     above = os.path.abspath(path)
     while not os.path.exists(above):
         above = os.path.dirname(above)
     if not os.path.isdir(above):
         raise DataError(f"'{path}' is {'a file' if above == os.path.abspath(path) else f'under {above!r}, a file'}, "
                         "not a folder: choose a folder")
-    if os.path.islink(path):
-        raise DataError(f"'{path}' is a symbolic link: name the folder itself ({os.path.realpath(path)!r})")
     if not os.path.isdir(path) or not os.listdir(path):
         return None
     names = set(os.listdir(path))
@@ -76,10 +74,11 @@ def owner(path):
     config = _json_object(os.path.join(path, "config.json")) if "config.json" in names else None
     if config is not None and config.get("model_type") == "discoloop":
         return "export_hf.py"
-    ours = config is not None and {"init_from", "out_dir", "resumes", "recurrence"} <= set(config)  # RunLog.start's
-    if "config.json" in names and not ours or any(n.endswith(MODEL_FILES) and not n.startswith("ckpt") for n in names):
+    if config is not None and {"init_from", "out_dir", "resumes", "dtype_resolved", "recurrence"} <= set(config):
+        return "train.py"  # its record (RunLog.start): the folder is a run's, whatever else a user put beside it
+    if "config.json" in names or any(n.endswith(MODEL_FILES) and not n.startswith("ckpt") for n in names):
         return "a Hugging Face model (config.json, weights or tokenizer files)"
-    if ours or names & {"run.lock", "ckpt.pt"}:  # proof: its record, its lock (the first thing it writes), its checkpoint
+    if names & {"run.lock", "ckpt.pt"}:  # proof: its lock (the first thing it writes) or its checkpoint
         return "train.py"
     return f"unknown files {sorted(names)[:3]} (no run.lock, no config.json of train.py's)"
 
@@ -90,7 +89,7 @@ def beside_checkpoint(ckpt, name, key="json"):
     folder = ckpt if os.path.isdir(ckpt) else os.path.dirname(ckpt) or "."
     who = owner(folder) if os.path.exists(ckpt) else "train.py"  # a missing checkpoint: its reader's one line
     if who != "train.py":
-        raise DataError(f"'{folder}' holds {who or 'nothing'}, not a run folder: writing {name} there is not ours to "
+        raise DataError(f"'{folder}' is {f'a folder of {who}' if who else 'empty'}, not a run folder: writing {name} there is not ours to "
                         f"do; pass --{key}=FILE")
     return os.path.join(folder, name)
 

@@ -347,6 +347,7 @@ def acc_loops(text, model):
 
 def run_probe(cmd, a, device):
     """A checkpoint command: (results, JSON path)."""
+    out = a["json"] or beside_checkpoint(a["ckpt"], f"probe_{cmd}.json")  # before the work, not after it
     model, data = load(a["ckpt"], a["data_dir"], a["raw"])
     with torch.no_grad(), autocast(device, resolve_dtype(a["dtype"], device)):
         if cmd == "acc":
@@ -357,7 +358,7 @@ def run_probe(cmd, a, device):
             res = cmd_sweep(model, data, a["norm"], [float(x) for x in a["alphas"].split(",")], a["png"] or None)
         else:
             res = cmd_gate(model, data)
-    return res, a["json"] or beside_checkpoint(a["ckpt"], f"probe_{cmd}.json")
+    return res, out
 
 
 def main(argv):

@@ -20,7 +20,7 @@ def open_run_folder(out_dir, lock=True):
     """Make out_dir and prove it writable now, not at the first checkpoint; with lock, hold it for this process
     (lock_run_folder). A one-line RunError for a folder that is not train.py's (datafolder.claim: a Hugging Face
     model, an export, a dataset, unknown files), a file in its place, an unwritable folder or a live holder."""
-    for name in ("ckpt.pt", "metrics.jsonl", "config.json"):  # the files a run writes: a folder in their place is not ours
+    for name in ("ckpt.pt", "metrics.jsonl", "config.json", "run.lock"):  # a folder where a run writes a file: not ours
         if os.path.isdir(os.path.join(out_dir, name)):
             raise RunError(f"'{os.path.join(out_dir, name)}' is a folder where the run writes its {name}: move it away "
                            "or choose another out_dir")

@@ -112,9 +112,11 @@ try:  # fail now, not at the first checkpoint; a second run on out_dir stops her
 except ERRORS as e:
     die(e)
 ckpt_path, log = os.path.join(out_dir, "ckpt.pt"), RunLog(out_dir)
-if init_from != "resume" and not eval_only and not overwrite and os.path.exists(ckpt_path):
-    die(f"out_dir '{out_dir}' already holds a checkpoint: continue it with --init_from=resume, "
-        "or start over with --overwrite=True (replaces ckpt.pt and metrics.jsonl)")
+earlier = [n for n in os.listdir(out_dir) if n == "ckpt.pt" or (n.startswith("ckpt_") and n.endswith(".pt"))
+           or (n == "metrics.jsonl" and os.path.getsize(os.path.join(out_dir, n)))]  # an earlier run's work
+if init_from != "resume" and not eval_only and not overwrite and earlier:
+    die(f"out_dir '{out_dir}' already holds an earlier run's {sorted(earlier)[0]}: continue it with --init_from=resume, "
+        "or start over with --overwrite=True (replaces its checkpoints and metrics.jsonl)")
 ckpt, iter_num, changes = None, 0, {}
 if init_from == "resume" or eval_only:  # eval_only evaluates the checkpoint in out_dir
     try:

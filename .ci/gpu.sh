@@ -16,7 +16,7 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-out/gpu}; DEADLINE=${DEADLINE:-415}; DRY=${DRY:-0}
 bad() { echo "error: $1" >&2; exit 2; }
 [[ "$DRY" =~ ^[01]$ ]] || bad "DRY=$DRY is invalid: allowed 0 (the GPU) or 1 (the CPU at toy shapes)"
-[[ "$DEADLINE" =~ ^[1-9][0-9]*$ ]] || bad "DEADLINE=$DEADLINE is invalid: allowed a whole number of seconds > 0"
+[[ "$DEADLINE" =~ ^[1-9][0-9]{0,4}$ ]] || bad "DEADLINE=$DEADLINE is invalid: allowed a whole number of seconds, 1 to 99999"
 mkdir -p "$OUT" 2> /dev/null || bad "OUT=$OUT cannot be made (a file in its way?): choose a folder"
 [ -z "$(ls -A "$OUT")" ] || bad "OUT=$OUT is not empty: the logs append, so choose a new folder"
 export PYTHONUNBUFFERED=1

@@ -214,3 +214,19 @@ def test_early_stop_row_rule():
     mixed = [{"iter": 0, "acc/val_id": 0.5}, {"iter": 1, "loss": 1.0}, {"iter": 2, "acc/val_id": 0.4, "eval_only": True},
              {"iter": 3, "acc/val_id": 0.4}]
     assert early_stop_row(mixed, "acc/val_id", 1) == 3 and early_stop_row(mixed, "acc/val_id", 2) is None
+
+
+def test_an_earlier_runs_work_is_not_replaced_without_overwrite(tiny_data, tmp_path):
+    """A run folder whose ckpt.pt is gone still holds an earlier run's metrics.jsonl and kept checkpoints: a new run
+    there is one line (resume it, or --overwrite=True), as with ckpt.pt; a folder where run.lock should be is one line."""
+    out = tmp_path / "run"
+    assert run(tiny_train_args(tiny_data, str(out), "--max_iters=4", "--eval_interval=2", "--keep_every=2")).returncode == 0
+    os.remove(out / "ckpt.pt")
+    rows = (out / "metrics.jsonl").read_text()
+    r = run(tiny_train_args(tiny_data, str(out), "--max_iters=4"))
+    assert r.returncode == 2 and "an earlier run's ckpt_2.pt" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert (out / "metrics.jsonl").read_text() == rows
+    lock = tmp_path / "lock"
+    (lock / "run.lock").mkdir(parents=True)
+    r = run(tiny_train_args(tiny_data, str(lock), "--max_iters=1"))
+    assert r.returncode == 2 and "run.lock" in r.stderr and "is a folder" in r.stderr, r.stderr
