@@ -151,3 +151,14 @@ def test_prepare_under_a_file_is_one_line(tmp_path):
                          ("data/smollm2/prepare.py", [])):
         refused(run([script, f"--out_dir={afile / 'out'}"] + args), "a file", "choose a folder")
     assert afile.read_text() == "x"
+
+
+def test_a_cut_shard_is_found_when_the_corpus_is_prepared_again(shards, tmp_path):
+    """Preparing a finished token folder again said 'wrote' over a truncated shard; now one line, nothing touched."""
+    copy = tmp_path / "tok"
+    shutil.copytree(shards, copy)
+    with open(copy / "train_000001.bin", "r+b") as f:
+        f.truncate(1000)
+    before = snapshot(str(copy))
+    refused(run(["data/pretrain/prepare.py", f"--out_dir={copy}"] + TOKENS), "train_000001.bin", "damaged")
+    assert snapshot(str(copy)) == before

@@ -222,6 +222,13 @@ def read_state(out, generator):
         if have.get(k, v if k in ADDED else None) != v:
             raise DataError(f"'{out}' holds shards made with {k}={have.get(k)!r}, not {v!r}: left untouched; "
                             "delete it or choose another out_dir")
+    itemsize = 2 if generator["n_vocab"] <= 2**16 else 4
+    for name, n in old.get("shards", {}).get("train", []) + old.get("shards", {}).get("val", []):
+        path = os.path.join(out, name)  # a finished shard is never written again: check it is whole
+        if not os.path.isfile(path) or os.path.getsize(path) != n * itemsize:
+            size = f"{os.path.getsize(path)} bytes" if os.path.isfile(path) else "missing"
+            raise DataError(f"shard '{path}' is {size} ({n * itemsize} bytes made): damaged; delete '{out}' and "
+                            "prepare it again")
     if old.get("pending") and not os.path.isfile(os.path.join(out, old["pending"])):
         raise DataError(f"'{out}' lost its pending file '{old['pending']}' (tokens read but not yet in a shard): "
                         f"the stream cannot continue exactly; delete '{out}' to start over")
