@@ -170,9 +170,9 @@ if ckpt is not None:
 scaler = torch.amp.GradScaler(device_type, enabled=(dtype == "float16"))
 raw_model = model
 if compile:  # each block on its own (GPT.compile_blocks); the first step compiles, a failure there runs eager
-    raw_model.compile_blocks()
+    raw_model.compile_blocks(mode=compile_mode)
     if master:
-        print("torch.compile on, per block (the first step compiles)")
+        print(f"torch.compile on, per block, mode {compile_mode!r} (the first step compiles)")
 if ddp:
     # gradient_as_bucket_view: the gradients live in DDP's buckets, no second fp32 copy (the memory plan counts one)
     model = DDP(model, device_ids=[local_rank] if device_type == "cuda" else None, gradient_as_bucket_view=True)

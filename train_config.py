@@ -61,7 +61,8 @@ min_lr = 3e-4                # learning rate at the end of the decay
 # system
 device = "auto"              # 'auto' | 'cpu' | 'cuda' | 'cuda:1' | 'mps'
 dtype = "auto"               # 'auto' | 'float32' | 'bfloat16' | 'float16'
-compile = False              # torch.compile the model (a failure is reported, not silent)
+compile = False              # torch.compile each block on its own (GPT.compile_blocks; a failure is reported, not silent)
+compile_mode = "default"     # torch.compile's mode with compile=True: 'default' | 'reduce-overhead' (CUDA graphs, for launch-bound small models) | 'max-autotune-no-cudagraphs'
 seed = 0                     # seed of weights, data order and dropout (>= 0)
 threads = 0                  # CPU threads (0 = torch default)
 peak_flops = 0.0             # per-device peak FLOP/s for MFU (0 = report TFLOP/s only; bench.py measures one)
@@ -82,6 +83,7 @@ def _data_args(v):  # the prepare script's arguments; where it writes is data_di
 CHECKS = {**SYSTEM_CHECKS,
           "init_from": (_init_from, "'scratch', 'resume', or a run folder / Hugging Face folder to start from"),
           "optimizer": one_of("adamw", "muon"),
+          "compile_mode": one_of("default", "reduce-overhead", "max-autotune-no-cudagraphs"),
           "lr_schedule": one_of("cosine", "linear"),
           "learning_rate": num(0, lo_open=True),
           "min_lr": num(0),

@@ -8,7 +8,8 @@
 #      against plan)                                            -> step.log
 #   2. bench.py phi: every top-k Phi kernel against the decode matmul at the 440M shape  -> phi.log, phi.json
 #   3. PonderLM (compiled), then eager loop and DiscoLoop       -> step.log
-#   4. the symbolic main job: seconds to test_id >= 0.99 and test_ood >= 0.95, eager and compiled  -> symbolic.log
+#   4. the symbolic main job: seconds to test_id >= 0.99 and test_ood >= 0.95, eager, compiled, compiled with
+#      CUDA graphs (compile_mode=reduce-overhead)                  -> symbolic.log
 #   5. tests/test_cuda.py                                       -> test_cuda.log
 # Files back: summary.txt, device.txt, step.log, phi.log, phi.json, symbolic.log, test_cuda.log (7).
 set -uo pipefail
@@ -51,9 +52,11 @@ step "1 compiled step, loop + DiscoLoop" 150 step.log python bench.py step $STEP
 step "2 bench.py phi, every kernel" 75 phi.log python bench.py phi $PHI --json="$OUT/phi.json"
 step "3a compiled step, PonderLM" 60 step.log python bench.py step $PONDER --compile=True --variants=ponder
 step "3b eager step, loop + DiscoLoop" 75 step.log python bench.py step $STEP --compile=False --variants=loop,disco
-for c in False True; do
-  run=$OUT/symbolic_run_$c; rm -rf "$run"
-  step "4 symbolic compile=$c" 50 symbolic.log python train.py config/symbolic.py --out_dir="$run" --compile=$c $SYM
+for c in False True reduce-overhead; do  # eager, per block, per block with CUDA graphs (a launch-bound job)
+  run=$OUT/symbolic_run_$c; rm -rf "$run"; mode=default; [ $c = reduce-overhead ] && mode=$c
+  step "4 symbolic compile=${c/reduce-overhead/True --compile_mode=reduce-overhead}" 40 symbolic.log \
+    python train.py config/symbolic.py --out_dir="$run" --compile=$([ $c = False ] && echo False || echo True) \
+    --compile_mode=$mode $SYM
   python .ci/first_reached.py "$run/metrics.jsonl" "acc/test_id>=0.99" "acc/test_ood>=0.95" >> "$OUT/summary.txt" 2>&1
   rm -rf "$run"  # checkpoints do not come back (8 files at most)
 done

@@ -134,8 +134,8 @@ def test_gpu_device_check_dry_runs_on_cpu(tiny_data, tmp_path):
     r = subprocess.run(["bash", ".ci/gpu.sh"], cwd=REPO, env=env, capture_output=True, text=True, timeout=280)
     summary = (out / "summary.txt").read_text()
     steps = [line for line in summary.splitlines() if ": exit " in line]
-    assert r.returncode == 0 and len(steps) == 7 and all(": exit 0 " in s for s in steps), summary
-    assert summary.count("acc/test_id>=0.99 and acc/test_ood>=0.95") == 2, summary
+    assert r.returncode == 0 and len(steps) == 8 and all(": exit 0 " in s for s in steps), summary
+    assert summary.count("acc/test_id>=0.99 and acc/test_ood>=0.95") == 3, summary
     assert len(os.listdir(out)) <= 8, os.listdir(out)
     assert "| DiscoLoop |" in (out / "step.log").read_text() and "| bag |" in (out / "phi.log").read_text()
     assert json.loads((out / "phi.json").read_text())

@@ -131,7 +131,7 @@ def test_train_compiled_resumes(tiny_data, tmp_path):
     r = run(tiny_train_args(tiny_data, out, "--compile=True", "--max_iters=2", "--eval_interval=2"), fresh=True)
     assert r.returncode == 0 and "per block" in r.stdout and "torch.compile failed" not in r.stderr, r.stderr[-2000:]
     r = run(tiny_train_args(tiny_data, out, "--compile=True", "--max_iters=4", "--eval_interval=2",
-                            "--init_from=resume"), fresh=True)
+                            "--init_from=resume", "--compile_mode=reduce-overhead"), fresh=True)  # CUDA graphs: a GPU's
     assert r.returncode == 0 and "torch.compile failed" not in r.stderr, r.stderr[-2000:]
     rows = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
     assert [row["iter"] for row in rows] == [0, 2, 4]
