@@ -51,6 +51,14 @@ def load_meta(data_dir):
     return meta
 
 
+def prepare_and_say(prepare, c):
+    """(what a prepare script's run did, its out_dir): 'wrote' a new or made-again folder, else 'kept existing'."""
+    meta = os.path.join(c["out_dir"], "meta.json")
+    before = os.stat(meta).st_mtime_ns if os.path.isfile(meta) else None
+    out = prepare(c)
+    return ("kept existing" if before == os.stat(os.path.join(out, "meta.json")).st_mtime_ns else "wrote"), out
+
+
 def qa_damaged(data_dir):
     """'' if every split file of a QA folder is as meta.json records it, else what is not (its prepare script then
     makes it again); when files it did not write lie beside a damaged one, one line, and the folder stays as it is."""

@@ -243,3 +243,6 @@ def test_symbolic_rerun_checks_what_it_made(tmp_path):
     (out / "mine.txt").unlink()
     r = run(["data/symbolic/prepare.py", f"--out_dir={out}"] + TINY_DATA)
     assert r.returncode == 0 and "making" in r.stdout and (out / "train_id.txt").read_bytes() == whole, r.stdout
+    assert r.stdout.strip().endswith(f"wrote {out}"), r.stdout  # not "kept existing"
+    r = run(["data/symbolic/prepare.py", f"--out_dir={out}"] + TINY_DATA)
+    assert r.stdout.strip().endswith(f"kept existing {out}"), r.stdout

@@ -33,7 +33,7 @@ from common import ConfigError  # noqa: E402
 from configurator import cli, one_of  # noqa: E402
 from data.symbolic import prepare as sym  # noqa: E402  (the graph code, reused)
 from datafolder import check_ours, prepare_lock  # noqa: E402
-from tasks import qa_damaged, write_qa  # noqa: E402
+from tasks import prepare_and_say, qa_damaged, write_qa  # noqa: E402
 
 ON_FIRST_USE = True  # train.py prepares this folder when it starts (a few seconds)
 DEFAULTS = {**sym.DEFAULTS,
@@ -167,7 +167,7 @@ def prepare(c, enc=None):
 
 
 def main(argv):
-    c, (verb, out) = cli(lambda c: ("kept existing" if os.path.exists(c["out_dir"]) else "wrote", prepare(c)),
+    c, (verb, out) = cli(lambda c: prepare_and_say(prepare, c),
                          DEFAULTS, argv, __doc__, [__file__, os.path.join(REPO, "data", "symbolic", "prepare.py")], CHECKS)
     with open(os.path.join(out, "meta.json")) as f:
         meta = json.load(f)

@@ -28,7 +28,7 @@ sys.path.insert(0, REPO)
 from common import ConfigError  # noqa: E402
 from configurator import FOLDER, INT_GE0, cli  # noqa: E402
 from datafolder import check_ours, prepare_lock  # noqa: E402
-from tasks import qa_damaged, write_qa  # noqa: E402
+from tasks import prepare_and_say, qa_damaged, write_qa  # noqa: E402
 
 ON_FIRST_USE = True  # train.py prepares this folder when it starts (a few seconds)
 DEFAULTS = dict(
@@ -175,7 +175,7 @@ def prepare(c):
 
 
 def main(argv):
-    c, (verb, out) = cli(lambda c: ("kept existing" if os.path.exists(c["out_dir"]) else "wrote", prepare(c)),
+    c, (verb, out) = cli(lambda c: prepare_and_say(prepare, c),
                          DEFAULTS, argv, __doc__, __file__, CHECKS)
     with open(os.path.join(out, "meta.json")) as f:
         meta = json.load(f)
