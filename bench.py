@@ -133,14 +133,15 @@ def variant_model(c, name):
 
 
 def build_variants(c, names, device):
-    """({label: model to time}, {label: its uncompiled model}); a compiled variant shares its model's weights."""
+    """({label: model to time}, {label: the same model}); a compiled variant is a copy with its blocks compiled."""
     models, raw = {}, {}
     for rec, k in [variant_model(c, v) for v in names]:
         model = GPT(GPTConfig.from_dict({**c, "recurrence": rec, "phi_topk": k})).to(device)
         name = f"{rec}" + (f" top-{k}" if k else (" exact" if RECURRENCES[rec].phi else ""))
         for compiled in ([False, True] if c["compile"] else [False]):
             label = name + (" compiled" if compiled else "")
-            models[label], raw[label] = (copy.deepcopy(model).compile_blocks() if compiled else model), model
+            m = copy.deepcopy(model).compile_blocks() if compiled else model  # a copy: compiled in place
+            models[label] = raw[label] = m
     return models, raw
 
 
@@ -306,7 +307,8 @@ def breaks_main(argv):
     return ex.graph_break_count
 
 
-TOY = dict(n_embd=64, n_head=4, block_size=64, vocab_size=2048, batch_size=2)  # bench.py compile's width
+# bench.py compile's toy width (a comment on the line itself would be --help's meaning of these keys)
+TOY = dict(n_embd=64, n_head=4, block_size=64, vocab_size=2048, batch_size=2)
 
 
 def compile_main(argv):
@@ -320,7 +322,7 @@ def compile_main(argv):
              "steps": 3}                     # later steps timed (median), after the first
     c = training_config(argv, "compile", compile_main.__doc__, extra, {"steps": INT_GE1}, need_vocab=False)
     given = {a[2:].split("=")[0] for a in argv if a.startswith("--")}  # the command line's keys beat the toy width
-    c.update({k: v for k, v in TOY.items() if k not in given}, phi_chunk=0, loss_chunk=0)
+    c.update({k: v for k, v in TOY.items() if k not in given})
     c["phi_topk"] = min(c["phi_topk"], c["vocab_size"])
     modes = c["modes"].split(",")
     try:

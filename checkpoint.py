@@ -124,7 +124,8 @@ def load_for_resume(path, config, data_config, rows):
     the data's generating config and the curriculum's acted joins must be what the weights were trained with."""
     ckpt = load_checkpoint(path, required=RESUME_KEYS)
     changes, why = resume_changes(ckpt["config"], config, ckpt.get("dtype_resolved"))
-    model_keys = [k for k in GPTConfig.__dataclass_fields__ if k not in RESUMABLE]  # phi_kernel: same numbers
+    # phi_kernel may change: the same numbers up to rounding and ties
+    model_keys = [k for k in GPTConfig.__dataclass_fields__ if k not in RESUMABLE]
     why = why or config_mismatch(ckpt["model_args"], config, model_keys) \
         or config_mismatch(ckpt.get("data_config", {}), data_config, list(data_config)) \
         or joins_changed(ckpt["config"].get("split_join", {}), config["split_join"], rows, ckpt["iter_num"])

@@ -76,7 +76,10 @@ def owner(path):
         return "export_hf.py"
     if config is not None and {"init_from", "out_dir", "resumes", "dtype_resolved", "recurrence"} <= set(config):
         return "train.py"  # its record (RunLog.start): the folder is a run's, whatever else a user put beside it
-    if "config.json" in names or any(n.endswith(MODEL_FILES) and not n.startswith("ckpt") for n in names):
+    model_files = any(n.endswith(MODEL_FILES) and not n.startswith("ckpt") for n in names)
+    if config is None and names & {"run.lock", "ckpt.pt"} and not model_files:
+        return "train.py"  # its lock or checkpoint beside a torn or hand-edited config.json: still a run's
+    if "config.json" in names or model_files:
         return "a Hugging Face model (config.json, weights or tokenizer files)"
     if names & {"run.lock", "ckpt.pt"}:  # proof: its lock (the first thing it writes) or its checkpoint
         return "train.py"

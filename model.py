@@ -406,7 +406,8 @@ class GPT(nn.Module):
         """torch.compile each Block on its own (regional compilation), never the unrolled model: one compiled graph
         serves every layer and loop (no Python number differs between the calls), so compile time does not grow
         with depth x K; checkpoint(block) is compiled whole, so block checkpointing keeps eager's memory. In place
-        (parameter names, state_dict, DDP and module hooks see the same modules); enable=False undoes it."""
+        (parameter names, state_dict, DDP and module hooks see the same modules; deepcopy before, not after); enable=False
+        undoes it."""
         for block in self.transformer.h:
             if enable:
                 block.forward = torch.compile(block.forward, **options)  # hooks run outside the compiled region

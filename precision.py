@@ -116,7 +116,8 @@ def read_cache(path, key):
     if os.path.isfile(path) and not os.path.islink(path):  # a pipe would block, a device or a link is not ours
         with contextlib.suppress(OSError, ValueError):
             with open(path) as f:
-                known = json.load(f)
+                text = f.read()
+            known = json.loads(text) if text.strip() else {}  # an empty file (mktemp's) is a new cache
     if not isinstance(known, dict) or not all(" | torch " in k for k in known):
         print(f"warning: DISCOLOOP_DTYPE_CACHE='{path}' is not a CPU precision cache: left as it is, the precision "
               "timed now and not kept (point DISCOLOOP_DTYPE_CACHE at a new file)", file=sys.stderr)
@@ -139,9 +140,11 @@ def cached_cpu_dtype(what, decide):
     choice = decide()
     if known is None:  # not this cache: never written
         return choice, "timed now (not kept)"
-    with contextlib.suppress(OSError):  # an unwritable home: decide at every start instead
+    try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         atomic_write(path, json.dumps({**known, key: choice}, indent=1))
+    except OSError:  # an unwritable home: decide at every start instead
+        return choice, "timed now (not kept: the cache cannot be written)"
     return choice, f"timed now (kept in {path})"
 
 

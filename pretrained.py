@@ -274,8 +274,6 @@ def _llama_config(hf, path):
     rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
     if not isinstance(rope, dict):
         raise DataError(f"{path}: rope_parameters={rope!r} is invalid: allowed an object")
-    rope_type = rope.get("rope_type", rope.get("type", "default"))
-    _hf_require(rope_type == "default", f"rope_type={rope_type!r} (ours: plain RoPE)", path)
     theta = _hf_get({"rope_theta": hf.get("rope_theta"), **rope}, "rope_theta", path, 10000.0, float)
     _hf_require(hf.get("hidden_act", "silu") == "silu", f"hidden_act={hf.get('hidden_act')!r} (ours: SwiGLU)", path)
     _hf_require(not hf.get("attention_bias", False), "attention_bias=true (o_proj bias)", path)

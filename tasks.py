@@ -68,11 +68,12 @@ def qa_damaged(data_dir):
         try:
             read_verified(os.path.join(data_dir, info["file"]), sums.get(info["file"]))
         except DataError as e:
-            added = sorted(set(os.listdir(data_dir)) - set(sums) - {"meta.json"})
+            ours = set(sums) | {i["file"] for i in meta["splits"].values()} | {"meta.json"}
+            added = sorted(set(os.listdir(data_dir)) - ours)
             if added:  # making it again would delete them
                 raise DataError(f"{e}; '{data_dir}' also holds files its prepare script did not write ({added[:3]}): "
                                 "left untouched, move them out and prepare again") from None
-            return str(e).split(": the file is cut")[0]
+            return f"'{info['file']}' is damaged or missing"
     return ""
 
 

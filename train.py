@@ -114,9 +114,13 @@ except ERRORS as e:
 ckpt_path, log = os.path.join(out_dir, "ckpt.pt"), RunLog(out_dir)
 earlier = [n for n in os.listdir(out_dir) if n == "ckpt.pt" or (n.startswith("ckpt_") and n.endswith(".pt"))
            or (n == "metrics.jsonl" and os.path.getsize(os.path.join(out_dir, n)))]  # an earlier run's work
-if init_from != "resume" and not eval_only and not overwrite and earlier:
-    die(f"out_dir '{out_dir}' already holds an earlier run's {sorted(earlier)[0]}: continue it with --init_from=resume, "
-        "or start over with --overwrite=True (replaces its checkpoints and metrics.jsonl)")
+if init_from != "resume" and not eval_only and earlier:
+    if not overwrite:
+        die(f"out_dir '{out_dir}' already holds an earlier run's {sorted(earlier)[0]}: continue it with "
+            "--init_from=resume, or start over with --overwrite=True (replaces its checkpoints and metrics.jsonl)")
+    for name in earlier if master else []:  # the earlier run's checkpoints go now: none is mistaken for this run's
+        if name != "metrics.jsonl":
+            os.remove(os.path.join(out_dir, name))
 ckpt, iter_num, changes = None, 0, {}
 if init_from == "resume" or eval_only:  # eval_only evaluates the checkpoint in out_dir
     try:
@@ -201,7 +205,9 @@ def evaluate(m, stop):
     """Metrics of model m (the EMA when there is one), or None when a stop request arrives meanwhile: a
     SIGTERM does not wait for a long evaluation (the resumed run evaluates this iteration instead)."""
     m.eval()
-    out = data.evaluate(m, eval_batch_size, device=device, ctx=ctx, should_stop=stop.is_set)
+    # eager: compile=True compiles the training step's one graph, not one more per evaluation shape and grad mode
+    with torch.compiler.set_stance("force_eager"):
+        out = data.evaluate(m, eval_batch_size, device=device, ctx=ctx, should_stop=stop.is_set)
     m.train()
     return out
 

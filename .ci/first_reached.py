@@ -4,11 +4,17 @@ import json
 import sys
 
 path, conds = sys.argv[1], [c.split(">=") for c in sys.argv[2:]]
+rows = []
 try:
-    rows = [json.loads(line) for line in open(path) if line.strip()]
+    for line in open(path):
+        try:  # a step stopped by its timeout may leave a torn last line
+            rows.append(json.loads(line))
+        except ValueError:
+            pass
 except OSError as e:
     sys.exit(f"{path}: {e.strerror}")
-hit = next((r for r in rows if all(r.get(k, -1) >= float(v) for k, v in conds)), None)
+rows = [r for r in rows if isinstance(r, dict)]
+hit = next((r for r in rows if all(isinstance(r.get(k), (int, float)) and r[k] >= float(v) for k, v in conds)), None)
 last = rows[-1] if rows else {}
 what = " and ".join(sys.argv[2:])
 if hit:

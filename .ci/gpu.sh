@@ -41,17 +41,17 @@ step() {
   if [ "$limit" -le 5 ]; then echo "$name: skipped, out of time" >> "$OUT/summary.txt"; return; fi
   echo "== $(date -u +%T) $name: $*" >> "$log"
   local t0; t0=$(date +%s)
-  timeout -s TERM -k 10 "$limit" "$@" >> "$log" 2>&1
+  timeout -s TERM -k 5 "$limit" "$@" >> "$log" 2>&1
   echo "$name: exit $? in $(( $(date +%s) - t0 )) s (limit $limit s; 124 = timed out)" >> "$OUT/summary.txt"
 }
 
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>&1
   python -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.is_available() and torch.cuda.get_device_name())"
 } > "$OUT/device.txt" 2>&1
-step "1 compiled step, loop + DiscoLoop" 150 step.log python bench.py step $STEP --compile=True --variants=loop,disco
-step "2 bench.py phi, every kernel" 75 phi.log python bench.py phi $PHI --json="$OUT/phi.json"
-step "3a compiled step, PonderLM" 60 step.log python bench.py step $PONDER --compile=True --variants=ponder
-step "3b eager step, loop + DiscoLoop" 75 step.log python bench.py step $STEP --compile=False --variants=loop,disco
+step "1 compiled step, loop + DiscoLoop" 120 step.log python bench.py step $STEP --compile=True --variants=loop,disco
+step "2 bench.py phi, every kernel" 55 phi.log python bench.py phi $PHI --json="$OUT/phi.json"
+step "3a compiled step, PonderLM" 45 step.log python bench.py step $PONDER --compile=True --variants=ponder
+step "3b eager step, loop + DiscoLoop" 60 step.log python bench.py step $STEP --compile=False --variants=loop,disco
 for c in False True reduce-overhead; do  # eager, per block, per block with CUDA graphs (a launch-bound job)
   run=$OUT/symbolic_run_$c; rm -rf "$run"; mode=default; [ $c = reduce-overhead ] && mode=$c
   step "4 symbolic compile=${c/reduce-overhead/True --compile_mode=reduce-overhead}" 40 symbolic.log \

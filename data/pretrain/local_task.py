@@ -48,9 +48,6 @@ def make(c):
         raise ConfigError(f"text_file '{c['text_file']}' gives no example: it needs more than context_chars="
                           f"{c['context_chars']} characters followed by whole words")
     os.makedirs(c["out_dir"], exist_ok=True)
-    with open(os.path.join(c["out_dir"], "meta.json"), "w") as f:  # whose folder this is (datafolder.owner)
-        json.dump({"kind": "tasks", "generator": "pretrain/local_task", "config": {k: c[k] for k in c if k != "out_dir"}},
-                  f, indent=1)
     data = os.path.abspath(os.path.join(c["out_dir"], "local_lambada.jsonl"))
     with open(data, "w") as f:
         f.writelines(json.dumps(r) + "\n" for r in rows)
@@ -68,6 +65,9 @@ metric_list:
   - metric: perplexity
   - metric: acc
 """)
+    with open(os.path.join(c["out_dir"], "meta.json"), "w") as f:  # last: whose folder this is (datafolder.owner)
+        json.dump({"kind": "tasks", "generator": "pretrain/local_task", "config": {k: c[k] for k in c if k != "out_dir"}},
+                  f, indent=1)
     return len(rows)
 
 
