@@ -21,7 +21,6 @@ import sys
 import time
 
 import torch
-import torch._dynamo
 import torch.nn.functional as F
 
 import train_config
@@ -316,8 +315,9 @@ def compile_main(argv):
     included, Inductor's caches off) and the later step time, eager against each Block compiled on its own (train.py's
     compile=True) and against the whole unrolled model, at the config's depth, K and options and a toy width (TOY, but
     for the keys the command line gives), in one process; unique compiled graphs show whether anything recompiles across layers or loops."""
-    import torch._inductor.config
+    from torch import _dynamo  # here, not at the top: about 1.5 s that `bench.py plan` need not pay
     from torch._dynamo.utils import counters
+    from torch._inductor import config as inductor_config
     extra = {"modes": "eager,blocks,whole",  # comma list of eager | blocks (per block) | whole (torch.compile(model))
              "steps": 3}                     # later steps timed (median), after the first
     c = training_config(argv, "compile", compile_main.__doc__, extra, {"steps": INT_GE1}, need_vocab=False)
@@ -333,11 +333,11 @@ def compile_main(argv):
         device = setup(c["device"], c["threads"])
     except (ConfigError, ValueError) as e:
         die(e)
-    torch._inductor.config.force_disable_caches = True  # seconds to the first step as a new machine sees them
+    inductor_config.force_disable_caches = True  # seconds to the first step as a new machine sees them
     x = torch.randint(0, cfg.vocab_size, (c["batch_size"], c["block_size"]), device=device)
     rows = []
     for mode in modes:
-        torch._dynamo.reset()
+        _dynamo.reset()
         counters.clear()
         torch.manual_seed(0)
         model = GPT(cfg).to(device)
@@ -405,7 +405,9 @@ def measure_step(c, r, device, dtype):
     is built."""
     cfg = GPTConfig.from_dict({**c, "recurrence": r})
     ctx, cuda = autocast(device, dtype), device.startswith("cuda")
-    torch._dynamo.reset()  # each row compiles its blocks afresh (its first step is what a new run pays)
+    if c["compile"]:  # each row compiles its blocks afresh (its first step is what a new run pays)
+        from torch import _dynamo  # only where it compiles: about 1.5 s that an eager row need not pay
+        _dynamo.reset()
     B, T = c["batch_size"], c["block_size"]
     torch.manual_seed(0)
     model = GPT(cfg).to(device)
