@@ -122,6 +122,7 @@ class TokenData:
     """The train and val shards of a folder behind the interface train.py uses for every dataset
     (as tasks.QAData): vocab_size, config, seq_len, steps_per_epoch, get_batch, evaluate, metric_names."""
 
+    kind = "tokens"  # as meta.json names it (datafolder.KINDS)
     sparse_targets = False  # a target at every position
 
     def __init__(self, data_dir, block_size, eval_batches, seed=0):

@@ -129,6 +129,7 @@ class QAData:
     uses, shared with shards.TokenData: vocab_size, config, seq_len, steps_per_epoch, get_batch, evaluate,
     metric_names."""
 
+    kind = "qa"  # as meta.json names it (datafolder.KINDS): what train_config and tokenizer ask of opened data
     sparse_targets = True  # one answer token per question: the head runs on the answer rows alone (model.forward)
 
     def __init__(self, data_dir, block_size=None, split_join=None, stage1_splits="all", stage1_metrics=(),

@@ -203,7 +203,7 @@ def tokenizer_for(ckpt):
 def data_tokenizer(data):
     """The tokenizer whose ids an opened dataset holds: a question-answer folder's words, the encoding token shards
     were made with, or None (shards of no generator)."""
-    if "vocab" in getattr(data, "meta", {}):
+    if data.kind == "qa":
         return WordVocab(data.meta["vocab"])
     return get_encoding(data.config) if "encoding" in data.config else None
 

@@ -9,6 +9,7 @@ from common import SYSTEM_CHECKS, ConfigError
 from configurator import FOLDER, INT_GE0, INT_GE1, OUTPUT, num, one_of
 import curriculum
 from model import RECURRENCES, GPTConfig
+from pretrained import hf_folder
 from runlog import STOP_METRIC_CHECK
 from tokenizer import check_folder_tokenizer, check_shards_tokenizer
 
@@ -142,7 +143,7 @@ def check_with_data(config, data):
         raise ConfigError(f"vocab_size={config['vocab_size']} is smaller than the dataset's vocabulary ({data.vocab_size})")
     if config["loops_by_hops"] or config["extra_loops"]:
         check_loops_by_hops(config, data)
-    first = int((data.row_join == 0).sum()) if hasattr(data, "row_join") else None  # QA: examples in the mix at 0
+    first = int((data.row_join == 0).sum()) if data.kind == "qa" else None  # QA: examples in the mix at 0
     batch, accum = config["batch_size"], config["gradient_accumulation_steps"]
     if first is not None and batch * accum > first:
         raise ConfigError(f"batch_size={batch} x gradient_accumulation_steps={accum} is more than the {first} training "
@@ -154,7 +155,7 @@ def check_data_belongs(config, data):
     data; a token corpus is prepared once, so data_args that say otherwise than its folder are refused, not ignored;
     the tokenizer its shards name is still the one they were made with; an init_from folder's own tokenizer is the
     data's."""
-    d, corpus = config["data_dir"], not hasattr(data, "keep_stage1")
+    d, corpus = config["data_dir"], data.kind == "tokens"
     if corpus and config["stage1_splits"] != KEYS["stage1_splits"]:
         raise ConfigError(f"stage1_splits={config['stage1_splits']!r} names question-answer splits; '{d}' is a token "
                           f"corpus (no splits): allowed only the default {KEYS['stage1_splits']!r}")
@@ -166,7 +167,7 @@ def check_data_belongs(config, data):
                               "data_dir, or --data_args={} (the folder as it is)")
     check_shards_tokenizer(data.config, d)
     init = config["init_from"]
-    if init not in ("scratch", "resume") and os.path.isdir(init) and not os.path.exists(os.path.join(init, "ckpt.pt")):
+    if init not in ("scratch", "resume") and hf_folder(init):
         check_folder_tokenizer(init, data, d)
 
 
@@ -174,7 +175,7 @@ def check_loops_by_hops(config, data):
     """loops_by_hops reads a k-hop question after k loops: QA data, and k loops that the model can run."""
     if not config["loops_by_hops"]:
         raise ConfigError(f"extra_loops={config['extra_loops']} adds loops to loops_by_hops's; allowed 0 without it")
-    if not hasattr(data, "hops"):
+    if data.kind != "qa":
         raise ConfigError("loops_by_hops=True is for question-answer data (a k-hop question after k loops); "
                           f"'{config['data_dir']}' is a token corpus")
     K, copies, extra = config["n_loop"], RECURRENCES[config["recurrence"]].copies, config["extra_loops"]

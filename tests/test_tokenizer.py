@@ -149,13 +149,13 @@ def test_init_from_a_folder_with_its_own_tokenizer_needs_data_of_that_tokenizer(
                   f"--init_from={folder}", "--block_size=16", "--dtype=float32", "--threads=1"]),
              f"init_from={folder!r} carries its own tokenizer ({V} tokens)", "(bytes, 257 tokens)", "id 0 is 'Ā'")
     same = {"encoding": "x", "tokenizer_file": own, "tokenizer_eot": "w60", "tokenizer_sha256": tokenizer.sha256_of(own)}
-    tokenizer.check_folder_tokenizer(folder, types.SimpleNamespace(config=same), "d")  # that very file
+    tokenizer.check_folder_tokenizer(folder, types.SimpleNamespace(kind="tokens", config=same), "d")  # that very file
     copy = str(tmp_path / "copy.json")
     with open(copy, "w") as f:
         json.dump(json.load(open(own)), f, indent=4)  # other bytes, the same ids
-    tokenizer.check_folder_tokenizer(folder, types.SimpleNamespace(config={**same, "tokenizer_file": copy,
+    tokenizer.check_folder_tokenizer(folder, types.SimpleNamespace(kind="tokens", config={**same, "tokenizer_file": copy,
                                                                           "tokenizer_sha256": "0" * 64}), "d")
     swapped = char_tokenizer(tmp_path / "swapped.json", chars=["w1", "w0"] + [f"w{i}" for i in range(2, V - 1)], eot="w60")
     with pytest.raises(DataError, match="id 0 is 'w1' in the data, 'w0' in the folder"):
-        tokenizer.check_folder_tokenizer(folder, types.SimpleNamespace(config={**same, "tokenizer_file": swapped,
+        tokenizer.check_folder_tokenizer(folder, types.SimpleNamespace(kind="tokens", config={**same, "tokenizer_file": swapped,
                                                                           "tokenizer_sha256": "0" * 64}), "d")
