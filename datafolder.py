@@ -6,7 +6,8 @@ folder is, is read from what it holds: meta.json = a prepared folder (its `kind`
 tasks.py; 'tokens' token shards, shards.py; 'tasks' lm-eval task YAMLs; 'model' pretrained weights; and its
 `generator`, the data/<generator>/prepare.py that made it, with that script's `config`); a config.json of
 model_type 'discoloop' = an export_hf.py folder; any other config.json, weights or tokenizer files = a Hugging Face
-(or someone's) model; a config.json that train.py wrote, a checkpoint, metrics.jsonl or run.lock = a run folder.
+(or someone's) model; train.py's own config.json record, its run.lock or its ckpt.pt = a run folder (a metrics.jsonl
+alone proves nothing: anyone may name a file so).
 Anything else is nobody's we know, and is left untouched.
 """
 import contextlib
@@ -109,6 +110,12 @@ def claim(path, writer, key="out_dir"):
                         f"{writer}'s: {writer} writes only into an absent, empty or its own folder; left untouched, "
                         "choose another folder")
     return who is not None
+
+
+def foreign_files(out_dir, made):
+    """The files of out_dir that its prepare script did not make (`made`: the names its meta.json records, itself
+    aside): what making its own folder again would delete, so a repair with any is refused (the caller's line)."""
+    return sorted(set(os.listdir(out_dir)) - set(made) - {"meta.json"})
 
 
 def check_ours(out_dir, kind, generator, config, keys, added=()):

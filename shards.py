@@ -15,6 +15,16 @@ import torch
 from common import DataError, atomic_write
 
 
+def check_whole(path, n_tokens, dtype):
+    """A shard file holds the n_tokens its index says (a one-line DataError if it is missing or cut): for training,
+    and for data/pretrain/prepare.py before it builds on shards it made earlier."""
+    if not os.path.isfile(path):
+        raise DataError(f"shard '{path}' is missing")
+    if os.path.getsize(path) != n_tokens * np.dtype(dtype).itemsize:
+        raise DataError(f"shard '{path}' is truncated: {os.path.getsize(path)} bytes, "
+                        f"expected {n_tokens * np.dtype(dtype).itemsize}")
+
+
 class TokenShards:
     def __init__(self, data_dir, split):
         self.data_dir = data_dir
@@ -38,11 +48,7 @@ class TokenShards:
         scanned = False
         for name, n_tokens in files:
             path = os.path.join(data_dir, name)
-            if not os.path.isfile(path):
-                raise DataError(f"shard '{path}' is missing")
-            if os.path.getsize(path) != n_tokens * dtype.itemsize:
-                raise DataError(f"shard '{path}' is truncated: {os.path.getsize(path)} bytes, "
-                                f"expected {n_tokens * dtype.itemsize}")
+            check_whole(path, n_tokens, dtype)
             arr = np.memmap(path, dtype=dtype, mode="r")
             # every token is checked, not only the windows a run happens to sample; once per shard
             # file (80 GB at 20B tokens), then remembered by size and mtime in max_token.json

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from common import DataError, replace_folder, tmp_name
-from datafolder import kind_of, read_meta
+from datafolder import foreign_files, kind_of, read_meta
 
 
 def write_qa(out_dir, files, meta, generator):
@@ -68,9 +68,8 @@ def qa_damaged(data_dir):
         try:
             read_verified(os.path.join(data_dir, info["file"]), sums.get(info["file"]))
         except DataError as e:
-            ours = set(sums) | {i["file"] for i in meta["splits"].values()} | {"meta.json"}
-            added = sorted(set(os.listdir(data_dir)) - ours)
-            if added:  # making it again would delete them
+            added = foreign_files(data_dir, set(sums) | {i["file"] for i in meta["splits"].values()})
+            if added:
                 raise DataError(f"{e}; '{data_dir}' also holds files its prepare script did not write ({added[:3]}): "
                                 "left untouched, move them out and prepare again") from None
             return f"'{info['file']}' is damaged or missing"

