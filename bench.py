@@ -15,6 +15,7 @@ every device), and on CUDA the allocator's peak during a step above the resident
 table isolates Phi: exact keeps (B, T, V) probabilities, top-k keeps (B, T, k).
 """
 import copy
+import functools
 import json
 import statistics
 import sys
@@ -86,27 +87,28 @@ def saved_bytes(fn, params=()):
     return out, total[0]
 
 
-def one_step(model, x, y, ctx, device):
-    sync(device)
-    t = time.perf_counter()
+def one_step(model, x, y, ctx):
     with ctx:
         _, loss = model(x, y)
     loss.backward()
-    sync(device)
     model.zero_grad(set_to_none=True)
-    return time.perf_counter() - t
+
+
+def round_robin(fns, iters, warmup, device):
+    """{name: median seconds}, one call of each in turn, so that load and clocks hit every one alike."""
+    times = {name: [] for name in fns}
+    for i in range(warmup + iters):
+        for name, fn in fns.items():
+            t = timed(fn, 1, device)
+            if i >= warmup:
+                times[name].append(t)
+    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def step_times(models, x, y, ctx, iters, warmup, device):
-    """Median step time per model, timed round-robin (one step of each model in turn) so that load
-    from other processes or clock changes hits every model alike and the ratios stay meaningful."""
-    times = {label: [] for label in models}
-    for i in range(warmup + iters):
-        for label, m in models.items():
-            dt = one_step(m, x, y, ctx, device)
-            if i >= warmup:
-                times[label].append(dt)
-    return {label: statistics.median(t) for label, t in times.items()}
+    """Median step time per model, timed round-robin, so that the ratios between models stay meaningful."""
+    return round_robin({label: functools.partial(one_step, m, x, y, ctx) for label, m in models.items()},
+                       iters, warmup, device)
 
 
 def main_config(argv):
@@ -589,17 +591,6 @@ def matmul_step(x, W, chunk, ctx, backward):
                 if backward:
                     logits @ W, logits.t() @ xs  # dx and dW of a dense logits gradient: timed, not kept
     return step
-
-
-def round_robin(fns, iters, warmup, device):
-    """{name: median seconds}, one call of each in turn, so that load and clocks hit every one alike."""
-    times = {name: [] for name in fns}
-    for i in range(warmup + iters):
-        for name, fn in fns.items():
-            t = timed(fn, 1, device)
-            if i >= warmup:
-                times[name].append(t)
-    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def phi_rows(times, diffs, has_bag):
