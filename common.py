@@ -5,6 +5,7 @@ CUDA if present, else MPS, else CPU) and the dtype names. What dtype="auto" pick
 """
 import contextlib
 import hashlib
+import json
 import os
 import shutil
 import signal
@@ -59,6 +60,20 @@ sys.excepthook = _one_line_out_of_memory  # every script imports this module: an
 def tmp_name(path):
     """The temp name of everything written atomically (run folders clean `*.tmp-*` of dead runs up)."""
     return f"{os.path.abspath(path)}.tmp-{os.getpid()}"
+
+
+def read_json(path):
+    """A file holding one JSON object, or a one-line DataError naming it (unreadable, not JSON, not an object)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            obj = json.load(f)
+    except OSError as e:
+        raise DataError(f"'{path}' cannot be read ({e.strerror})") from None
+    except ValueError as e:  # json.JSONDecodeError, UnicodeDecodeError
+        raise DataError(f"'{path}' is not valid JSON ({(str(e).splitlines() or [''])[0][:120]})") from None
+    if not isinstance(obj, dict):
+        raise DataError(f"'{path}' holds a JSON {type(obj).__name__}, not an object")
+    return obj
 
 
 def atomic_write(path, content, durable=False):

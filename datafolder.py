@@ -12,10 +12,9 @@ Anything else is nobody's we know, and is left untouched.
 """
 import contextlib
 import fcntl
-import json
 import os
 
-from common import DataError
+from common import DataError, read_json
 
 KINDS = ("qa", "tokens", "tasks", "model")  # tasks: lm-eval task YAMLs (data/benchmarks); model: pretrained weights (data/smollm2)
 MODEL_FILES = (".safetensors", ".bin", ".gguf", ".pt", "tokenizer.json", "tokenizer_config.json")  # a model's files
@@ -26,12 +25,8 @@ def read_meta(data_dir):
     path = os.path.join(data_dir, "meta.json")
     if not os.path.isfile(path):
         raise DataError(f"no prepared dataset at '{data_dir}' (missing meta.json)")
-    try:
-        with open(path, "rb") as f:
-            meta = json.loads(f.read().decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise DataError(f"'{path}' is not valid JSON ({getattr(e, 'msg', 'not UTF-8')})") from None
-    if not isinstance(meta, dict) or not isinstance(meta.get("config", {}), dict):
+    meta = read_json(path)
+    if not isinstance(meta.get("config", {}), dict):
         raise DataError(f"'{path}' is not a dataset description (a JSON object with 'config')")
     return meta
 
@@ -46,12 +41,11 @@ def kind_of(meta):
 
 
 def _json_object(path):
+    """A JSON object file's content, or None for anything else (owner() only looks; the folder's reader says why)."""
     try:
-        with open(path, "rb") as f:
-            obj = json.loads(f.read().decode("utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError):
+        return read_json(path)
+    except DataError:
         return None
-    return obj if isinstance(obj, dict) else None
 
 
 def owner(path):

@@ -17,14 +17,13 @@ naming both values. This is the one reader of such a folder (checkpoint.load_bra
 wrong inside it (a missing or unreadable file, JSON of the wrong shape, a truncated or pickled weights file,
 weights that do not fit) is a one-line DataError naming the file. Callers catch ValueError.
 """
-import json
 import math
 import os
 
 import numpy as np
 import torch
 
-from common import ConfigError, DataError
+from common import ConfigError, DataError, read_json
 from model import GPT, GPTConfig
 from tokenizer import HFEncoding
 
@@ -66,20 +65,6 @@ def check_vocab(n_tokens, vocab_size, where):
     if n_tokens > vocab_size:
         raise DataError(f"{where}: its tokenizer has {n_tokens} tokens, more than the model's vocab_size={vocab_size}: "
                         f"ids past {vocab_size - 1} have no embedding row (not this model's tokenizer)")
-
-
-def read_json(path):
-    """A file holding one JSON object, or a one-line DataError naming it (unreadable, not JSON, not an object)."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            obj = json.load(f)
-    except OSError as e:
-        raise DataError(f"'{path}' cannot be read ({e.strerror})") from None
-    except ValueError as e:  # json.JSONDecodeError, UnicodeDecodeError
-        raise DataError(f"'{path}' is not valid JSON ({(str(e).splitlines() or [''])[0][:120]})") from None
-    if not isinstance(obj, dict):
-        raise DataError(f"'{path}' holds a JSON {type(obj).__name__}, not an object")
-    return obj
 
 
 def pretrained_architecture(folder):
