@@ -406,8 +406,7 @@ class GPT(nn.Module):
         """torch.compile each Block on its own (regional compilation), never the unrolled model: one compiled graph
         serves every layer and loop (no Python number differs between the calls), so compile time does not grow
         with depth x K; checkpoint(block) is compiled whole, so block checkpointing keeps eager's memory. In place
-        (parameter names, state_dict, DDP and module hooks see the same modules; deepcopy before, not after); enable=False
-        undoes it."""
+        (names, state_dict, DDP and module hooks see the same modules; deepcopy before it); enable=False undoes it."""
         for block in self.transformer.h:
             if enable:
                 block.forward = torch.compile(block.forward, **options)  # hooks run outside the compiled region
@@ -574,19 +573,19 @@ class GPT(nn.Module):
 
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, n_loop=None, use_cache=True,
-                 generator=None):
+                 generator=None, n_vocab=None):
         """nanoGPT's generate: idx (B, T) and max_new_tokens more, each sampled from the head after n_loop loops
-        (default K). temperature 0 = greedy; top_k keeps the k likeliest. With use_cache the prompt runs once and
-        each new token runs through every loop alone, reusing the cached keys and values (new_cache); without,
-        every step reruns the whole prefix. Past block_size is an error, not a sliding window: shifted positions
-        would no longer be the sequence the model reads."""
+        (default K) among ids < n_vocab (default all: rows past a tokenizer's ids only pad the embedding). temperature
+        0 = greedy; top_k keeps the k likeliest. With use_cache the prompt runs once and each new token runs through
+        every loop alone, reusing the cached keys and values (new_cache); without, every step reruns the whole prefix.
+        Past block_size is an error, not a sliding window: shifted positions would no longer be the model's sequence."""
         if idx.size(1) + max_new_tokens > self.config.block_size:
             raise ValueError(f"prompt ({idx.size(1)} tokens) + max_new_tokens={max_new_tokens} exceeds "
                              f"block_size={self.config.block_size}: shorten the prompt or ask for fewer tokens")
         cache = self.new_cache(n_loop) if use_cache else None
         new = idx
         for _ in range(max_new_tokens):
-            logits = self.head(self.hidden(new, n_loop=n_loop, cache=cache)[:, -1]).float()  # (B, V)
+            logits = self.head(self.hidden(new, n_loop=n_loop, cache=cache)[:, -1]).float()[:, :n_vocab]  # (B, V)
             if temperature == 0:
                 nxt = logits.argmax(-1, keepdim=True)
             else:

@@ -51,16 +51,6 @@ def read_prompt(start):
         raise ConfigError(f"start='FILE:{path}': the file cannot be read ({e.strerror})") from None
 
 
-def sample_within(model, n_vocab):
-    """The model, sampling only ids its tokenizer has: rows past them pad the vocabulary (vocab_size above the
-    data's, e.g. config/pretrain.py's 129,280 rows for cl100k_base's 100,277 ids), were never a target, and decode
-    to nothing."""
-    if model.config.vocab_size > n_vocab:
-        head = model.head  # generate() reads the logits through model.head
-        model.head = lambda h: head(h)[..., :n_vocab]
-    return model
-
-
 def main(argv):
     try:
         c = configure(DEFAULTS, argv, __doc__, __file__, CHECKS)
@@ -70,7 +60,7 @@ def main(argv):
         device = setup(c["device"], c["threads"])
         ckpt = load_checkpoint(c["ckpt"])
         enc = checkpoint_tokenizer(ckpt, c["ckpt"])  # a tokenizer with ids the model has no row for: one line
-        model = sample_within(model_from_checkpoint(ckpt, use_ema=not c["raw"]).to(device).eval(), enc.n_vocab)
+        model = model_from_checkpoint(ckpt, use_ema=not c["raw"]).to(device).eval()
         ids = enc.encode_ordinary(start) or ([enc.eot_token] if enc.eot_token is not None else [])
         if not ids:
             raise ConfigError(f"start={c['start']!r} gives no token and the tokenizer has no end-of-text token: "
@@ -81,7 +71,8 @@ def main(argv):
         with autocast(device, resolve_dtype(c["dtype"], device)):
             for _ in range(c["num_samples"]):
                 y = model.generate(x, c["max_new_tokens"], temperature=c["temperature"], top_k=c["top_k"] or None,
-                                   n_loop=c["n_loop"] or None, use_cache=c["use_cache"], generator=gen)
+                                   n_loop=c["n_loop"] or None, use_cache=c["use_cache"], generator=gen,
+                                   n_vocab=enc.n_vocab)  # rows past the tokenizer's ids pad the vocabulary
                 print(enc.decode(y[0].tolist()))
                 print("---------------")
     except (*ERRORS, ValueError, OSError) as e:
