@@ -7,6 +7,8 @@ import contextlib
 import hashlib
 import json
 import os
+import re
+import secrets
 import shutil
 import signal
 import subprocess
@@ -57,9 +59,15 @@ def _one_line_out_of_memory(exc_type, exc, tb):
 sys.excepthook = _one_line_out_of_memory  # every script imports this module: an allocation failure anywhere is one line
 
 
+# A temp name carries this process's random token, so the cleanup of a run folder (runlog.lock_run_folder) removes
+# exactly what the project wrote: a user's `notes.tmp-1` or `x.tmp-discoloop` is never one of ours.
+_TMP_TOKEN = secrets.token_hex(8)
+TMP_RE = re.compile(r".+\.tmp-discoloop-[0-9]+-[0-9a-f]{16}")
+
+
 def tmp_name(path):
-    """The temp name of everything written atomically (run folders clean `*.tmp-*` of dead runs up)."""
-    return f"{os.path.abspath(path)}.tmp-{os.getpid()}"
+    """The temp name of everything written atomically: `<path>.tmp-discoloop-<pid>-<16 hex of this process>`."""
+    return f"{os.path.abspath(path)}.tmp-discoloop-{os.getpid()}-{_TMP_TOKEN}"
 
 
 def read_json(path):

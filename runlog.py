@@ -5,13 +5,12 @@ per evaluation), config.json (the config and every resume), and the decisions tr
 decisions the uninterrupted one took; `probe.py plot` replays the same rules on finished logs.
 """
 import fcntl
-import glob
 import json
 import os
 import sys
 import time
 
-from common import DataError, RunError, atomic_write
+from common import TMP_RE, DataError, RunError, atomic_write
 from curriculum import fired_joins
 from datafolder import claim
 
@@ -54,8 +53,9 @@ def lock_run_folder(out_dir):
                        "or choose another out_dir") from None
     os.ftruncate(fd, 0)
     os.pwrite(fd, str(os.getpid()).encode(), 0)
-    for tmp in glob.glob(os.path.join(out_dir, "*.tmp-*")):
-        if os.path.isfile(tmp) or os.path.islink(tmp):  # our temp files; a folder of that name is not ours
+    for name in os.listdir(out_dir):  # exactly our own temp files (common.TMP_RE); a folder of that name is not ours
+        tmp = os.path.join(out_dir, name)
+        if TMP_RE.fullmatch(name) and (os.path.isfile(tmp) or os.path.islink(tmp)):
             os.remove(tmp)
     return fd  # keep it open: closing it releases the lock
 

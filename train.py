@@ -13,6 +13,7 @@ import copy
 import json
 import math
 import os
+import re
 import signal
 import sys
 import time
@@ -112,7 +113,7 @@ try:  # fail now, not at the first checkpoint; a second run on out_dir stops her
 except ERRORS as e:
     die(e)
 ckpt_path, log = os.path.join(out_dir, "ckpt.pt"), RunLog(out_dir)
-earlier = [n for n in os.listdir(out_dir) if n == "ckpt.pt" or (n.startswith("ckpt_") and n.endswith(".pt"))
+earlier = [n for n in os.listdir(out_dir) if re.fullmatch(r"ckpt(_[0-9]+)?\.pt", n)  # exactly the names train.py writes
            or (n == "metrics.jsonl" and os.path.getsize(os.path.join(out_dir, n)))]  # an earlier run's work
 if init_from != "resume" and not eval_only and earlier:
     if not overwrite:

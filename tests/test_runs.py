@@ -45,10 +45,40 @@ def test_failed_save_removes_its_temp_file(tmp_path, monkeypatch):
 def test_start_clears_temp_files_of_dead_runs(tiny_data, tmp_path):
     out = tmp_path / "run"
     out.mkdir()
-    (out / "ckpt.pt.tmp-999999").write_bytes(b"x" * 100)
+    (out / "ckpt.pt.tmp-discoloop-999999-0123456789abcdef").write_bytes(b"x" * 100)  # a dead run's own temp file
     (out / "run.lock").write_text("999999")  # the dead run's lock: what proves the folder train.py's
     assert run(tiny_train_args(tiny_data, str(out), "--max_iters=5", "--eval_interval=5")).returncode == 0
     assert not [f for f in os.listdir(out) if ".tmp-" in f]
+
+
+# A user's files whose names look like the project's temp files or checkpoints: no start, resume, kill or
+# overwrite of the run in that folder may delete or change them (the cleanup matches common.TMP_RE exactly).
+LOOKALIKES = ["notes.tmp-1", "ckpt.pt.tmp-999999", "x.tmp-discoloop", "a.tmp-discoloop-12-xyz",
+              "ckpt.pt.tmp-discoloop-1-0123456789ABCDEF", "ckpt_notes.pt", "ckpt_.pt", "ckpt.pt.bak", "my.tmp-draft.txt"]
+
+
+def test_a_users_lookalike_files_survive_resume_kill_and_overwrite(tiny_data, tmp_path):
+    out = str(tmp_path / "run")
+    assert run(tiny_train_args(tiny_data, out, "--max_iters=10", "--eval_interval=5")).returncode == 0
+    mine = {}
+    for i, name in enumerate(LOOKALIKES):
+        mine[name] = f"user data {i}".encode()
+        open(os.path.join(out, name), "wb").write(mine[name])
+    def intact():
+        assert {n: open(os.path.join(out, n), "rb").read() for n in LOOKALIKES} == mine
+    assert run(tiny_train_args(tiny_data, out, "--init_from=resume", "--max_iters=20", "--eval_interval=5")).returncode == 0
+    intact()
+    p = start(tiny_train_args(tiny_data, out, "--init_from=resume", "--max_iters=100000", "--eval_interval=20"))
+    t_end = time.time() + 120
+    while len(rows(out)) < 5 and time.time() < t_end and p.poll() is None:  # a few rows past the resume, then a kill
+        time.sleep(0.05)
+    p.kill()
+    p.communicate()
+    intact()
+    r = run(tiny_train_args(tiny_data, out, "--max_iters=5", "--eval_interval=5", "--overwrite=True", "--keep_every=5"))
+    assert r.returncode == 0, r.stderr
+    intact()
+    assert "ckpt_5.pt" in os.listdir(out)
 
 
 def test_one_run_per_out_dir_and_a_killed_run_does_not_block(tiny_data, tmp_path):
