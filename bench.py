@@ -8,26 +8,27 @@ here is asserted by tests.
     python bench.py --compile=True           # also time torch.compile
     python bench.py --variants=loop,disco    # only these (all are built at once: at 440M on CPU, RAM decides)
     python bench.py plan config/pretrain.py --world_size=8   # per-rank memory plan + throughput at a stated MFU
-    python bench.py phi config/pretrain.py    # every top-k Phi kernel (kernels.PHI_KERNELS) against its decode matmul
+    python bench.py step config/pretrain.py --compile=True --json=step.jsonl   # the 440M step, a row as it comes
+    python lab/phi.py config/pretrain.py      # top-k Phi kernels (the core's and the lab's candidates) on a device
 
 Memory: bytes that autograd keeps for backward (counted with saved_tensors_hooks, the same on
 every device), and on CUDA the allocator's peak during a step above the resident weights. The Phi
 table isolates Phi: exact keeps (B, T, V) probabilities, top-k keeps (B, T, k).
 """
 import copy
-import functools
 import json
+import os
+import signal
 import statistics
 import sys
 import time
 
 import torch
-import torch.nn.functional as F
 
 import train_config
-from kernels import PHI_KERNELS, TopkPhi
+from kernels import TopkPhi
 from memory import format_plan, plan
-from common import DTYPES, SYSTEM_CHECKS, ConfigError, autocast, die, setup, table
+from common import DTYPES, SYSTEM_CHECKS, ConfigError, DataError, atomic_write, autocast, die, read_json, setup, table
 from configurator import INT_GE0, INT_GE1, OUTPUT, configure
 from model import GPT, RECURRENCES, GPTConfig
 from precision import resolve_dtype
@@ -87,11 +88,31 @@ def saved_bytes(fn, params=()):
     return out, total[0]
 
 
-def one_step(model, x, y, ctx):
-    with ctx:
-        _, loss = model(x, y)
-    loss.backward()
-    model.zero_grad(set_to_none=True)
+class RowLog:
+    """A results table printed a row at a time, each row also appended to a JSON-lines file as it comes (the first
+    line the run's description): a run killed by a time limit keeps every row it finished."""
+
+    def __init__(self, header, path, meta):
+        self.header, self.path, self.records = header, path, {}
+        print(table(header, []), flush=True)
+        self.write({"run": meta})
+
+    def write(self, obj):
+        if self.path:  # one write of one whole line (O_APPEND): no reader sees half a row
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
+                os.write(fd, (json.dumps(obj, default=str) + "\n").encode())
+            finally:
+                os.close(fd)
+
+    def add(self, name, cells, record):
+        print(table(self.header, [cells]).splitlines()[-1], flush=True)
+        self.records[name] = record
+        self.write({"row": name, **record})
+
+    def fail(self, name, why):
+        print(f"{name}: failed, left out: {why}", flush=True)
+        self.write({"row": name, "failed": why})
 
 
 def round_robin(fns, iters, warmup, device):
@@ -103,12 +124,6 @@ def round_robin(fns, iters, warmup, device):
             if i >= warmup:
                 times[name].append(t)
     return {name: statistics.median(t) for name, t in times.items()}
-
-
-def step_times(models, x, y, ctx, iters, warmup, device):
-    """Median step time per model, timed round-robin, so that the ratios between models stay meaningful."""
-    return round_robin({label: functools.partial(one_step, m, x, y, ctx) for label, m in models.items()},
-                       iters, warmup, device)
 
 
 def main_config(argv):
@@ -150,13 +165,14 @@ def time_variants(models, x, y, ctx, c, device):
     """({label: median step seconds}, {label: CUDA allocator peak above the weights}); on a GPU each model is timed
     alone, so that its peak is its own, and one that runs out of memory is left out (removed from models)."""
     if not device.startswith("cuda"):
-        return step_times(models, x, y, ctx, c["iters"], c["warmup"], device), {}
+        return round_robin({label: training_step(m, x, y, ctx) for label, m in models.items()}, c["iters"], c["warmup"],
+                           device), {}
     times, peaks = {}, {}
     for label, m in list(models.items()):
         torch.cuda.reset_peak_memory_stats()
         resident = torch.cuda.memory_allocated()  # every variant's weights: not this step's cost
         try:
-            times.update(step_times({label: m}, x, y, ctx, c["iters"], c["warmup"], device))
+            times.update(round_robin({label: training_step(m, x, y, ctx)}, c["iters"], c["warmup"], device))
         except torch.OutOfMemoryError:  # e.g. exact Phi at T = 8192, V = 129,280
             print(f"{label}: out of memory, left out")
             del models[label]
@@ -243,14 +259,15 @@ ASSUMED_MFU = 0.35
 TOKENS = 20e9
 
 
-def training_config(argv, name, doc, extra, checks, need_file=True, need_vocab=True):
+def training_config(argv, name, doc, extra, checks, need_file=True, need_vocab=True, files=()):
     """The preamble of every subcommand that reads a training config: train.py's keys and checks
     (train_config.py) plus the subcommand's own `extra` keys and `checks`; a one-line exit 2 on bad input."""
     try:
         if need_file and not any(a.endswith(".py") for a in argv if not a.startswith("--")) and not {"-h", "--help"} & set(argv):
-            raise ConfigError(f"bench.py {name} needs a training config file, e.g. bench.py {name} config/pretrain.py")
+            cmd = name if name.endswith(".py") else f"bench.py {name}"
+            raise ConfigError(f"{cmd} needs a training config file, e.g. {cmd} config/pretrain.py")
         c = configure({**train_config.defaults(), **extra}, argv, doc,
-                      [__file__, train_config.__file__, sys.modules[GPTConfig.__module__].__file__],
+                      [*files, __file__, train_config.__file__, sys.modules[GPTConfig.__module__].__file__],
                       {**train_config.CHECKS, **checks})
         train_config.check(c)  # the relations of the training keys, and the model keys' one validator (GPTConfig)
         if need_vocab and not c["vocab_size"]:
@@ -360,34 +377,102 @@ def compile_main(argv):
 
 
 def step_main(argv):
-    """bench.py step CONFIG [--variants=loop,disco] [--steps=10]: training steps of a config's real model on this
-    device (random tokens, fused AdamW/Muon, the config's dtype and compile), for each recurrence in variants, in one
-    process: seconds to the first step (compile=True: per block, as train.py), peak memory
-    (torch.cuda.max_memory_allocated) against `bench.py plan`'s figure at the same micro-batch, median step time, tokens/s, MFU against --peak_flops (default: an H100's dense bf16 989 TFLOP/s), each step
-    time over the first variant's, and top-k Phi's share of the step (its forward + backward timed alone, x K-1)."""
+    """bench.py step CONFIG [--variants=loop,disco] [--steps=10] [--json=FILE] [--plan_cache=FILE]: training steps of
+    a config's real model on this device (random tokens, fused AdamW/Muon, the config's dtype, compile and
+    compile_mode), for each recurrence in variants, in one process. Each variant's memory plan (`bench.py plan`'s
+    figure at the same micro-batch: device-independent arithmetic, about 15 CPU-s at 440M) is made first, before
+    anything is timed, or read from plan_cache; --steps=0 makes the plans only. Then per variant, printed and written
+    to the JSON lines the moment it is measured: seconds to the first step (with compile=True: per block, as
+    train.py, cold unless this process or TORCHINDUCTOR_CACHE_DIR compiled it before), compiled graphs and
+    recompiles, median step time, tokens/s, MFU (model FLOPs, attention over the full T as nanoGPT counts it,
+    recompute not counted, against --peak_flops, default an H100's dense bf16 989 TFLOP/s), CUDA peak allocated and
+    reserved against the plan, top-k Phi's share of the step (its forward + backward timed alone, x K-1) and each
+    step time over the first variant's. A SIGTERM (a time limit) ends the run with "out of time" and exit 124, never
+    a reported compile failure."""
     extra = {"variants": "loop,disco",  # comma list of recurrences to measure (the first is the reference)
-             "steps": 10}               # timed steps per variant (after 3 untimed)
-    c = training_config(argv, "step", step_main.__doc__, extra, {"steps": INT_GE1})
+             "steps": 10,               # timed steps per variant (after the first and `warmup`); 0 = the plans only
+             "warmup": 2,               # untimed steps after the first
+             "json": "",                # append one JSON line per variant to this file, as it is measured
+             "plan_cache": ""}          # a JSON file of memory plans, read and extended ('' = none)
+    c = training_config(argv, "step", step_main.__doc__, extra, {"steps": INT_GE0, "warmup": INT_GE0,
+                                                                 "json": OUTPUT, "plan_cache": OUTPUT})
     try:
         names = c["variants"].split(",")
-        if not set(names) <= set(RECURRENCES):
-            raise ConfigError(f"variants={c['variants']!r} is invalid: allowed a comma list of {tuple(RECURRENCES)}")
+        if not set(names) <= set(RECURRENCES) or len(set(names)) < len(names):
+            raise ConfigError(f"variants={c['variants']!r} is invalid: allowed a comma list of {tuple(RECURRENCES)}, "
+                              "each once")
         for r in names:
             GPTConfig.from_dict({**c, "recurrence": r})  # the model keys' one validator, before any work
         device = setup(c["device"], c["threads"])
     except (ConfigError, ValueError) as e:
         die(e)
+    signal.signal(signal.SIGTERM, out_of_time)
     dtype = resolve_dtype(c["dtype"], device)
-    rows = []
+    plans = {r: cached_plan(c, r, dtype) for r in names}  # before anything is timed
+    print(f"device {device} ({torch.cuda.get_device_name() if device.startswith('cuda') else 'cpu'}), dtype {dtype}, "
+          f"compile {c['compile']} (mode {c['compile_mode']}), micro-batch {c['batch_size']} x {c['block_size']}, "
+          f"torch {torch.__version__}; plans (GB): " + ", ".join(f"{r} {g:.2f}" for r, g in plans.items()), flush=True)
+    if not c["steps"]:
+        return plans
+    log = RowLog(["recurrence", "first step s", "graphs", "recompiles", "step ms", "tokens/s", "MFU", "peak alloc GB",
+                  "peak reserved GB", "plan GB", "peak / plan", "top-k Phi share", "step vs first"], c["json"],
+                 {"config": next((a for a in argv if a.endswith(".py") and not a.startswith("--")), None), "device": device, "dtype": dtype, "torch": torch.__version__})
+    ref = None
     for r in names:
-        rows.append(measure_step(c, r, device, dtype))
+        row = measure_step(c, r, device, dtype, plans[r])
+        ref = ref or row["step_ms"]
+        log.add(r, [RECURRENCES[r].label] + [row[k] for k in STEP_COLUMNS] + [f"{row['step_ms'] / ref:.3f}x"], row)
         if device.startswith("cuda"):
             torch.cuda.empty_cache()
-    ref = rows[0][2]
-    print(f"device {device}, dtype {dtype}, compile {c['compile']}, micro-batch {c['batch_size']} x {c['block_size']}, "
-          f"torch {torch.__version__}")
-    print(table(["recurrence", "first step s", "step ms", "tokens/s", "MFU", "peak GB", "plan GB", "top-k Phi share",
-                 "step vs first"], [row + [f"{row[2] / ref:.3f}x"] for row in rows]))
+    return log.records
+
+
+STEP_COLUMNS = ("first_s", "graphs", "recompiles", "step_ms", "tok_per_s", "mfu", "peak_alloc_GB", "peak_reserved_GB",
+                "plan_GB", "peak_over_plan", "phi_share")
+PHASE = ["starting"]  # what this process is doing, for the "out of time" line
+
+
+def out_of_time(signum, frame):
+    """SIGTERM (the device check's `timeout`): say what was cut, exit 124. A compile cut here is out of time; the
+    compiler's workers die with it, which is no compile failure."""
+    os.write(2, f"out of time: SIGTERM during {PHASE[0]}\n".encode())
+    os._exit(124)
+
+
+def cached_plan(c, r, dtype):
+    """Total GB of memory.plan for recurrence r at one micro-batch, from/into c['plan_cache'] (a JSON object keyed
+    by the configuration that decides it: the same on every device)."""
+    keep = {k: v for k, v in c.items() if k not in ("variants", "steps", "warmup", "json", "plan_cache", "device",
+                                                     "threads", "compile", "compile_mode")}
+    key = json.dumps({**keep, "recurrence": r, "dtype": str(DTYPES[dtype])}, sort_keys=True, default=str)
+    cache = {}
+    if c["plan_cache"] and os.path.exists(c["plan_cache"]):
+        try:
+            cache = read_json(c["plan_cache"])
+        except DataError:
+            print(f"note: plan_cache '{c['plan_cache']}' is damaged: made again", flush=True)
+    if not isinstance(cache.get(key), (int, float)):
+        PHASE[0] = f"the memory plan of {r}"
+        cache[key] = plan({**c, "recurrence": r, "gradient_accumulation_steps": 1}, 1, DTYPES[dtype]).total / 1e9
+        if c["plan_cache"]:
+            atomic_write(c["plan_cache"], json.dumps(cache))
+    return cache[key]
+
+
+def training_step(m, x, y, ctx, opts=(), params=None):
+    """One training step of model m as a function (the one step bench.py times): forward under ctx, backward, then
+    with optimizers: clip the gradients of `params` and step, else drop the gradients."""
+    def step():
+        with ctx:
+            loss = m(x, y)[1]
+        loss.backward()
+        if opts:
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+        for o in opts:
+            o.step()
+        for o in opts or [m]:
+            o.zero_grad(set_to_none=True)
+    return step
 
 
 def timed(fn, n, device):
@@ -402,43 +487,45 @@ def timed(fn, n, device):
     return statistics.median(out)
 
 
-def measure_step(c, r, device, dtype):
+def measure_step(c, r, device, dtype, planned):
     """One recurrence's row of `bench.py step`; its model and optimizer state are freed on return, before the next
     is built."""
     cfg = GPTConfig.from_dict({**c, "recurrence": r})
     ctx, cuda = autocast(device, dtype), device.startswith("cuda")
+    counters = guard_failures = None
     if c["compile"]:  # each row compiles its blocks afresh (its first step is what a new run pays)
         from torch import _dynamo  # only where it compiles: about 1.5 s that an eager row need not pay
+        from torch._dynamo.utils import counters, guard_failures
         _dynamo.reset()
+        counters.clear()
+        guard_failures.clear()
     B, T = c["batch_size"], c["block_size"]
+    PHASE[0] = f"building {r}"
     torch.manual_seed(0)
     model = GPT(cfg).to(device)
     opts = model.configure_optimizers(c["optimizer"], c["learning_rate"], c["weight_decay"], (c["beta1"], c["beta2"]),
                                       c["adam_eps"], c["muon_momentum"], fused=cuda)
-    m = model.compile_blocks() if c["compile"] else model  # train.py's compile: per block
+    m = model.compile_blocks(mode=c["compile_mode"]) if c["compile"] else model  # train.py's compile: per block
     x = torch.randint(0, cfg.vocab_size, (B, T), device=device)
     y = torch.randint(0, cfg.vocab_size, (B, T), device=device)
-
-    def step():
-        with ctx:
-            loss = m(x, y)[1]
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        for o in opts:
-            o.step()
-            o.zero_grad(set_to_none=True)
-
+    step = training_step(m, x, y, ctx, opts, list(model.parameters()))
+    PHASE[0] = f"the first step of {r}" + (" (compiling)" if c["compile"] else "")
     first = timed(step, 1, device)  # compiles (per block), allocates optimizer state
-    timed(step, 2, device)
+    PHASE[0] = f"the steps of {r}"
+    timed(step, c["warmup"], device) if c["warmup"] else None
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     dt = timed(step, c["steps"], device)
     peak = torch.cuda.max_memory_allocated() / 1e9 if cuda else float("nan")
-    planned = plan({**c, "recurrence": r, "gradient_accumulation_steps": 1}, 1, DTYPES[dtype]).total / 1e9
+    reserved = torch.cuda.max_memory_reserved() / 1e9 if cuda else float("nan")
+    PHASE[0] = f"top-k Phi of {r} timed alone"
     share = topk_phi_seconds(model, B, T, ctx, device, c["steps"]) / dt
     mfu = model.flops_per_token(T, recompute=False) * B * T / dt / (c["peak_flops"] or H100_BF16_PEAK)
-    return [RECURRENCES[r].label, round(first, 1), round(dt * 1000, 1), round(B * T / dt), round(mfu, 4),
-            round(peak, 2), round(planned, 2), round(share, 3)]
+    return {"first_s": round(first, 1), "graphs": counters["stats"]["unique_graphs"] if counters is not None else 0,
+            "recompiles": sum(len(v) for v in guard_failures.values()) if guard_failures is not None else 0,
+            "step_ms": round(dt * 1000, 1), "tok_per_s": round(B * T / dt), "mfu": round(mfu, 4),
+            "peak_alloc_GB": round(peak, 2), "peak_reserved_GB": round(reserved, 2), "plan_GB": round(planned, 3),
+            "peak_over_plan": round(peak / planned, 3), "phi_share": round(share, 3)}
 
 
 def topk_phi_seconds(model, B, T, ctx, device, steps):
@@ -486,143 +573,11 @@ def sample_main(argv):
 
 
 
-def phi_main(argv):
-    """bench.py phi CONFIG [--rows=N] [--kernels=bag,dense] [--iters=5] [--warmup=2] [--json=FILE]: every top-k Phi
-    kernel of kernels.PHI_KERNELS, forward + backward, at a training config's shape (batch_size x block_size rows,
-    n_embd, vocab_size, phi_topk, phi_tau, phi_chunk positions of every sequence at a time, dtype) in one process,
-    timed round robin against the decode matmul alone (the floor: F.linear(x, W) chunk by chunk, forward only), with
-    each kernel's largest difference from "bag" (today's kernel) in the run's dtype: rounding, and ties at the k-th
-    logit broken differently (bf16 logits tie often). "compiled" is timed where compile=True or kernels names it."""
-    c, names, device = phi_config(argv)
-    dtype = resolve_dtype(c["dtype"], device)
-    ctx, (x, W, g, chunk), k, tau = autocast(device, dtype), phi_inputs(c, device), c["phi_topk"], c["phi_tau"]
-    print(f"device {device}, dtype {dtype}, torch {torch.__version__}, threads {torch.get_num_threads()}")
-    print(f"shape: rows={x.size(1)} d={W.size(1)} V={W.size(0)} k={k} tau={tau} chunk={chunk} rows\n")
-    steps, diffs, failed = phi_checks(names, x, W, g, k, tau, chunk, ctx, device)
-    floors = {"matmul fwd (floor)": matmul_step(x, W, chunk, ctx, False),
-              "matmul fwd+bwd (3 matmuls)": matmul_step(x, W, chunk, ctx, True)}
-    times = round_robin({**floors, **steps}, c["iters"], c["warmup"], device)
-    rows = phi_rows(times, diffs, "bag" in steps)
-    if c["json"]:
-        shape = {"rows": x.size(1), "n_embd": W.size(1), "vocab_size": W.size(0), "k": k, "tau": tau, "chunk_rows": chunk}
-        with open(c["json"], "w") as f:
-            json.dump({"device": device, "device_name": torch.cuda.get_device_name() if device.startswith("cuda") else "cpu",
-                       "torch": torch.__version__, "dtype": dtype, "shape": shape, "kernels": rows, "failed": failed},
-                      f, indent=1)
-    return rows
-
-
-def phi_config(argv):
-    """bench.py phi's keys, checked before any work: (config, kernel names, device); one line and exit 2 if bad."""
-    extra = {"rows": 0,       # rows (positions) Phi is timed on; 0 = batch_size x block_size
-             "kernels": "",   # comma list of kernels.PHI_KERNELS to time, including bag ('' = all; compiled only with compile=True)
-             "iters": 5,      # timed calls per kernel, round robin
-             "warmup": 2,     # untimed calls per kernel first
-             "json": ""}      # also write the results to this JSON file
-    c = training_config(argv, "phi", phi_main.__doc__, extra, {"rows": INT_GE0, "iters": INT_GE1, "warmup": INT_GE0})
-    try:
-        if not c["phi_topk"]:
-            raise ConfigError(f"phi_topk=0 is invalid: bench.py phi times top-k Phi, allowed 1..vocab_size={c['vocab_size']}")
-        names = c["kernels"].split(",") if c["kernels"] else [n for n in PHI_KERNELS if c["compile"] or n != "compiled"]
-        if not set(names) <= set(PHI_KERNELS) or "bag" not in names:
-            raise ConfigError(f"kernels={c['kernels']!r} is invalid: allowed a comma list of {tuple(PHI_KERNELS)} "
-                              "including bag (the reference), or '' for all")
-        return c, ["bag"] + [n for n in dict.fromkeys(names) if n != "bag"], setup(c["device"], c["threads"])
-    except (ConfigError, ValueError) as e:
-        die(e)
-
-
-def phi_inputs(c, device):
-    """(x, W, g, chunk): normed states x (1, rows, d) and the upstream gradient g, unit scale; W (V, d) at the
-    embedding's init scale; chunk = the model's rows per Phi chunk, batch_size x phi_chunk (one (1, rows) sequence
-    chunked by rows does the model's (B, chunk) chunk's work)."""
-    rows = c["rows"] or c["batch_size"] * c["block_size"]
-    torch.manual_seed(0)
-    x = torch.randn(1, rows, c["n_embd"], device=device, requires_grad=True)
-    W = (0.02 * torch.randn(c["vocab_size"], c["n_embd"], device=device)).requires_grad_()
-    g = torch.randn(1, rows, c["n_embd"], device=device)
-    return x, W, g, (c["batch_size"] * c["phi_chunk"]) or rows
-
-
-def phi_step(kernel, x, W, g, k, tau, chunk, ctx):
-    """One forward (under the run's autocast) + backward of a Phi kernel; returns (Phi, dx, dW)."""
-    def step():
-        x.grad = W.grad = None
-        with ctx:
-            e = kernel(x, W, k, tau, chunk)
-        e.backward(g.to(e.dtype))
-        return e.detach(), x.grad, W.grad
-    return step
-
-
-def phi_checks(names, x, W, g, k, tau, chunk, ctx, device):
-    """Each kernel's first call (it compiles, if it does), untimed: ({name: its step}, {name: largest absolute
-    differences of (Phi, dx, dW) from bag's and, on CUDA, its peak above what was allocated before it},
-    {name: why it failed}); a kernel that fails (out of memory, an op this device lacks) is left out."""
-    steps, diffs, failed, ref, cuda = {}, {}, {}, None, device.startswith("cuda")
-    for name in names:  # bag first (phi_config)
-        step = phi_step(PHI_KERNELS[name], x, W, g, k, tau, chunk, ctx)
-        x.grad = W.grad = None  # the previous kernel's gradients are not this one's peak
-        if cuda:
-            torch.cuda.empty_cache()
-            torch.cuda.reset_peak_memory_stats()
-        before = torch.cuda.memory_allocated() if cuda else 0
-        try:
-            out = step()
-        except (RuntimeError, NotImplementedError) as e:
-            failed[name] = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
-            print(f"{name}: failed, left out: {failed[name]}")
-            continue
-        if name == "bag":
-            ref = [t.clone() for t in out]
-        steps[name] = step
-        diffs[name] = {"diff": [(a.float() - b.float()).abs().max().item() for a, b in zip(out, ref)] if ref else None,
-                       "peak_MB": (torch.cuda.max_memory_allocated() - before) / 2**20 if cuda else None}
-    return steps, diffs, failed
-
-
-def matmul_step(x, W, chunk, ctx, backward):
-    """Phi's decode matmul alone, chunk by chunk: logits = x W^T (the floor); with backward, also a dense logits
-    gradient's two matmuls, dx = G W and dW = G^T x (the logits stand in for G)."""
-    def step():
-        with torch.no_grad(), ctx:
-            for xs in x[0].split(chunk):
-                logits = F.linear(xs, W)
-                if backward:
-                    logits @ W, logits.t() @ xs  # dx and dW of a dense logits gradient: timed, not kept
-    return step
-
-
-def phi_rows(times, diffs, has_bag):
-    """The table of bench.py phi, printed: ms, ratio to the floor and to bag, differences from bag (and the CUDA
-    peak); returned as {name: {...}} for the JSON."""
-    floor, rows = times["matmul fwd (floor)"], {}
-    for name, t in times.items():
-        d = diffs.get(name, {})
-        rows[name] = {"ms": t * 1e3, "vs_floor": t / floor, "vs_bag": t / times["bag"] if has_bag else None,
-                      "diff": d.get("diff"), "peak_MB": d.get("peak_MB")}
-    cuda = any(r["peak_MB"] is not None for r in rows.values())
-    fmt = lambda v, f: "-" if v is None else format(v, f)
-    print(table(["kernel", "ms", "vs floor", "vs bag", "max |diff| Phi", "max |diff| dx", "max |diff| dW"]
-                + (["CUDA peak (MB)"] if cuda else []),
-                [[name, f"{r['ms']:.2f}", f"{r['vs_floor']:.2f}x", fmt(r["vs_bag"], ".3f") + ("x" if r["vs_bag"] else "")]
-                 + [fmt(v, ".2e") for v in (r["diff"] or [None] * 3)] + ([fmt(r["peak_MB"], ".0f")] if cuda else [])
-                 for name, r in rows.items()]))
-    return rows
-
+# subcommand -> its main(argv); no subcommand: the default CPU-shape comparison (main)
+SUBCOMMANDS = {"plan": plan_main, "breaks": breaks_main, "step": step_main, "sample": sample_main, "compile": compile_main}
 
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["plan"]:
-        plan_main(sys.argv[2:])
-    elif sys.argv[1:2] == ["breaks"]:
-        breaks_main(sys.argv[2:])
-    elif sys.argv[1:2] == ["step"]:
-        step_main(sys.argv[2:])
-    elif sys.argv[1:2] == ["sample"]:
-        sample_main(sys.argv[2:])
-    elif sys.argv[1:2] == ["compile"]:
-        compile_main(sys.argv[2:])
-    elif sys.argv[1:2] == ["phi"]:
-        phi_main(sys.argv[2:])
+    if sys.argv[1:2] and sys.argv[1] in SUBCOMMANDS:
+        SUBCOMMANDS[sys.argv[1]](sys.argv[2:])
     else:
         main(sys.argv[1:])

@@ -3,14 +3,12 @@ The two kernels behind model.py, each an autograd Function that keeps what a 440
 cannot afford to keep (model.py reads as the paper; this file is how it fits in memory):
 
   TopkPhi            top-k Phi (Appendix B) whose backward touches only the k selected logits
-  PHI_KERNELS        its variants, equal in float64, for the device to choose from (bench.py phi): two-stage or
-                     unsorted top-k, a CSR (sorted-segment) or dense-matmul backward, a compiled region
+  PHI_KERNELS        it and the variants a measurement promoted (a compiled region); candidates: lab/phi.py
   LinearCrossEntropy the head + cross-entropy, chunked, with no (B, T, V) logits (Liger-Kernel's idea)
 
 TopkPhi calls private aten embedding_bag kernels directly, so torch.compile traces it without graph breaks.
 """
 import functools
-import warnings
 
 import torch
 import torch.nn.functional as F
@@ -30,11 +28,11 @@ class TopkPhi(torch.autograd.Function):
     dW[idx[n, j]] += dlogit[n, j] x[n] + p[n, j] g[n] -- all embedding_bag kernels, O(N k d) instead of the
     dense O(N V d) logits backward. Both terms of dW go into ONE (V, d) buffer per call, however many
     chunks: allocating and adding V x d gradients is what a small step pays most for (bench.py).
-    `select` (how the top-k is found) and `grad` (how dx and dW are made) are the variants of PHI_KERNELS;
-    the defaults are the kernel above."""
+    `select(logits, k)` (how the top-k is found) and `grads(x, W, idx, p, dlogit, g, chunk, mm_dtype, need)` (how dx
+    and dW are made) let lab/phi.py try candidates; None is the kernel above."""
 
     @staticmethod
-    def forward(ctx, x, W, k, tau, chunk, select=None, grad="bag"):
+    def forward(ctx, x, W, k, tau, chunk, select=None, grads=None):
         idx, p = [], []
         for xs in x.split(chunk, dim=1):
             vals, i = (select or sorted_topk)(F.linear(xs, W), k)  # top-k commutes with the positive 1/tau scale
@@ -43,7 +41,7 @@ class TopkPhi(torch.autograd.Function):
         idx, p = torch.cat(idx, dim=1), torch.cat(p, dim=1)
         e = F.embedding_bag(idx.flatten(0, 1), W, per_sample_weights=p.flatten(0, 1).to(W.dtype), mode="sum")
         ctx.save_for_backward(x, W, idx, p)
-        ctx.tau, ctx.chunk, ctx.grad, ctx.mm_dtype = tau, chunk, grad, vals.dtype  # vals: the decode's (autocast) dtype
+        ctx.tau, ctx.chunk, ctx.grads, ctx.mm_dtype = tau, chunk, grads, vals.dtype  # vals: the decode's (autocast) dtype
         return e.view(*x.shape[:2], -1)
 
     @staticmethod
@@ -57,11 +55,11 @@ class TopkPhi(torch.autograd.Function):
         dp = dp.view_as(p).to(p.dtype)  # dp = <g, W[idx]>
         dlogit = p * (dp - (p * dp).sum(-1, keepdim=True)) / ctx.tau
         need = ctx.needs_input_grad[:2]
-        if ctx.grad == "dense":
-            gx, gW = dense_grads(x, W, idx, p, dlogit, g, ctx.chunk, ctx.mm_dtype, need)
+        if ctx.grads:
+            gx, gW = ctx.grads(x, W, idx, p, dlogit, g, ctx.chunk, ctx.mm_dtype, need)
         else:
             gx = bag_dx(x, W, idx, dlogit) if need[0] else None
-            gW = (csr_dW if ctx.grad == "csr" else bag_dW)(x, W, idx, p, dlogit, g) if need[1] else None
+            gW = bag_dW(x, W, idx, p, dlogit, g) if need[1] else None
         return gx, gW, None, None, None, None, None
 
 
@@ -85,83 +83,9 @@ def bag_dW(x, W, idx, p, dlogit, g):
         W.size(0), False, 0, torch.cat([dlogit, p]).flatten().to(W.dtype))
 
 
-def csr_dW(x, W, idx, p, dlogit, g):
-    """dW = S_dlogit @ x + S_p @ g with S the (V, N) sparse matrices of the selections, in CSR form: the flat
-    indices sorted once, then each vocabulary row reduces its own segment (a sparse-dense matmul, no atomics)."""
-    (V, d), k = W.shape, idx.size(-1)
-    flat = idx.reshape(-1)
-    order = flat.argsort(stable=True)  # stable: the rows within a segment stay ascending (CSR's column order)
-    crow = F.pad(torch.bincount(flat, minlength=V).cumsum(0), (1, 0))
-    col = order // k  # flat position n * k + j belongs to row n
-
-    def spmm(vals, dense):
-        S = torch.sparse_csr_tensor(crow, col, vals.reshape(-1)[order].to(W.dtype), (V, flat.numel() // k),
-                                    check_invariants=False)
-        return S @ dense.reshape(-1, d).to(W.dtype)
-    with warnings.catch_warnings():  # "sparse CSR support is in beta": once per process, not the user's concern
-        warnings.simplefilter("ignore", UserWarning)
-        return spmm(dlogit, x) + spmm(p, g)
-
-
-def dense_grads(x, W, idx, p, dlogit, g, chunk, mm_dtype, need):
-    """dx = G @ W and dW = G^T x + P^T g, with G and P the (rows, V) matrices holding dlogit and p at idx (zeros
-    elsewhere), `chunk` positions at a time: dense matmuls in the decode's dtype (tensor cores under autocast)
-    instead of gathers and scatter-adds, at the memory of one (2 B chunk, V) buffer. dW accumulates in fp32+."""
-    (V, d), k = W.shape, idx.size(-1)
-    Wm = W.to(mm_dtype)
-    gx = torch.empty_like(x) if need[0] else None
-    gW = torch.zeros(W.shape, dtype=upcast(W).dtype, device=W.device) if need[1] else None
-    for s in range(0, x.size(1), chunk):
-        i = idx[:, s:s + chunk].reshape(-1, k)
-        rows = i.size(0)
-        GP = torch.zeros(2 * rows, V, dtype=mm_dtype, device=W.device)  # [G; P]
-        GP[:rows].scatter_(1, i, dlogit[:, s:s + chunk].reshape(-1, k).to(mm_dtype))
-        GP[rows:].scatter_(1, i, p[:, s:s + chunk].reshape(-1, k).to(mm_dtype))
-        if gx is not None:
-            gx[:, s:s + chunk] = (GP[:rows] @ Wm).view_as(gx[:, s:s + chunk])
-        if gW is not None:
-            xg = torch.cat([x[:, s:s + chunk].reshape(-1, d), g[:, s:s + chunk].reshape(-1, d)]).to(mm_dtype)
-            gW += GP.t() @ xg
-    return gx, (gW.to(W.dtype) if gW is not None else None)
-
-
 def sorted_topk(logits, k):
-    """torch.topk: the k largest logits, in descending order (today's kernel)."""
+    """torch.topk: the k largest logits, in descending order (the default selection)."""
     return logits.topk(k, dim=-1)
-
-
-def unsorted_topk(logits, k):
-    """The k largest logits in no particular order: the softmax and the sums over them do not need it, and the
-    GPU then skips sorting the winners."""
-    return logits.topk(k, dim=-1, sorted=False)
-
-
-TWOSTAGE_BLOCK = 4096  # vocabulary entries per block of the two-stage top-k
-
-
-def twostage_topk(logits, k, block=TWOSTAGE_BLOCK):
-    """Exact top-k in two rounds: the top-k within each block of `block` vocabulary entries (a last, shorter block
-    takes the rest), then the top-k of those winners. Each of the global top-k is in its own block's top-k, so the
-    union holds them all; many short selections replace one over V, which a GPU runs as a multi-pass radix select."""
-    V = logits.size(-1)
-    nb = V // block
-    if nb < 2 or k >= block:  # nothing to prune
-        return unsorted_topk(logits, k)
-    vals, idx = logits[..., :nb * block].unflatten(-1, (nb, block)).topk(k, dim=-1, sorted=False)
-    idx = idx + torch.arange(0, nb * block, block, device=logits.device)[:, None]
-    vals, idx = [vals.flatten(-2)], [idx.flatten(-2)]
-    if V > nb * block:
-        tv, ti = logits[..., nb * block:].topk(min(k, V - nb * block), dim=-1, sorted=False)
-        vals.append(tv), idx.append(ti + nb * block)
-    vals, j = torch.cat(vals, -1).topk(k, dim=-1, sorted=False)
-    return vals, torch.cat(idx, -1).gather(-1, j)
-
-
-def phi_variant(select, grad):
-    """A kernel of PHI_KERNELS: TopkPhi with this top-k selection and this gradient."""
-    def phi(x, W, k, tau, chunk):
-        return TopkPhi.apply(x, W, k, tau, chunk, select, grad)
-    return phi
 
 
 @functools.cache
@@ -171,24 +95,16 @@ def compiled_bag(backend="inductor"):
 
 
 def compiled_phi(x, W, k, tau, chunk):
-    """Today's kernel as its own torch.compile region: the top-k and the embedding_bag kernels stay ATen's, the
+    """The default kernel as its own torch.compile region: the top-k and the embedding_bag kernels stay ATen's, the
     softmax and the elementwise backward fuse. It compiles once per shape (seconds on a CPU)."""
     return compiled_bag()(x, W, k, tau, chunk)
 
 
-# name -> kernel(x, W, k, tau, chunk): every one computes TopkPhi's Phi and gradients (float64 tests), so the choice
-# is the device's numbers (bench.py phi). "bag" is today's kernel. Ties (equal logits: equal rows of W) may keep a
-# different one of the tied tokens: Phi and dx are the same, and dW summed over the equal rows.
+# name -> kernel(x, W, k, tau, chunk), each equal to TopkPhi in float64 (tests/test_phi.py): the default and the
+# variants a measurement has promoted. Candidates live in lab/phi.py (`python lab/phi.py CONFIG` times them on a
+# device); one moves here, in one change, once a device's numbers choose it.
 PHI_KERNELS = {
     "bag": TopkPhi.apply,
-    "unsorted": phi_variant(unsorted_topk, "bag"),
-    "twostage": phi_variant(twostage_topk, "bag"),
-    "csr": phi_variant(sorted_topk, "csr"),
-    "unsorted+csr": phi_variant(unsorted_topk, "csr"),
-    "twostage+csr": phi_variant(twostage_topk, "csr"),
-    "dense": phi_variant(sorted_topk, "dense"),
-    "unsorted+dense": phi_variant(unsorted_topk, "dense"),
-    "twostage+dense": phi_variant(twostage_topk, "dense"),
     "compiled": compiled_phi,
 }
 

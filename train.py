@@ -313,6 +313,10 @@ def step_failed(e, compiled_once):
             "activation_checkpointing='block'")
     if not compile or compiled_once:
         raise e
+    if stop.is_set():  # a SIGTERM (a time limit) that also killed the compiler's workers: not a compile failure
+        print("stopped during torch.compile's first step by a stop request (out of time, not a compile failure); "
+              f"the last checkpoint on disk is intact", file=sys.stderr)
+        sys.exit(124)
     why = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:200]}"
     if ddp:  # ranks must not differ in what they run
         die(f"torch.compile failed ({why}); rerun with --compile=False")

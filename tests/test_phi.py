@@ -1,4 +1,4 @@
-"""Every top-k Phi kernel of kernels.PHI_KERNELS computes today's TopkPhi: in float64 its Phi, dx and dW equal the
+"""Every top-k Phi kernel, the core's (kernels.PHI_KERNELS) and the lab's candidates (lab/phi.py), computes TopkPhi: in float64 its Phi, dx and dW equal the
 dense formula's (softmax over the top-k logits, -inf elsewhere, @ W, differentiated by autograd) to 1e-12, across
 chunk boundaries, tau != 1, k = 1 and k = V, and ties (equal rows of W)."""
 from functools import partial
@@ -8,13 +8,14 @@ import torch
 import torch.nn.functional as F
 
 import kernels
-from kernels import PHI_KERNELS, phi_variant, topk_phi, twostage_topk
+from kernels import topk_phi
+from lab.phi import CANDIDATES, GRADS, phi_variant, twostage_topk
 
-GRADS = ("bag", "csr", "dense")
 # the registry (its two-stage top-k prunes only where V >= 2 x 4,096), plus two-stage top-k at blocks that prune
 # here: 37 = 4 x 8 + a tail of 5, and 37 = 6 x 6 + 1
-KERNELS = {**{n: f for n, f in PHI_KERNELS.items() if n != "compiled"},
-           **{f"twostage{b}+{g}": phi_variant(partial(twostage_topk, block=b), g) for b in (6, 8) for g in GRADS}}
+KERNELS = {**{n: f for n, f in CANDIDATES.items() if n != "compiled"},
+           **{f"twostage{b}+{g or 'bag'}": phi_variant(partial(twostage_topk, block=b), GRADS[g]) for b in (6, 8)
+              for g in GRADS}}
 # (B, T, chunk, k, tau): T not a multiple of chunk, chunk 1 with k = 1, chunk >= T with k = V, chunk = T
 CASES = [(2, 7, 3, 6, 0.7), (2, 7, 1, 1, 1.0), (1, 5, 8, 37, 2.0), (3, 4, 4, 9, 1.0)]
 V, D = 37, 5
@@ -79,12 +80,12 @@ def test_ties(name, k):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12, msg=f"{name} {what}")
 
 
-@pytest.mark.parametrize("grad", GRADS)
+@pytest.mark.parametrize("grad", list(GRADS))
 def test_one_input_needs_no_gradient(grad):
     """A frozen embedding (or a constant state) gets no gradient, and the other one is still right."""
     x, W, g = inputs(2, 7)
     want = run(lambda x, W: reference(x, W, 4, 1.0), x, W, g)
-    fn = phi_variant(kernels.sorted_topk, grad)
+    fn = phi_variant(kernels.sorted_topk, GRADS[grad])
     for frozen in ("x", "W"):
         xs, Ws = x.clone().requires_grad_(frozen != "x"), W.clone().requires_grad_(frozen != "W")
         fn(xs, Ws, 4, 1.0, 3).backward(g)
