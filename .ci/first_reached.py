@@ -5,7 +5,6 @@
                                                                      # benchmark's watcher: train.py's rule unchanged)
 A SIGTERM to the watcher (a time limit) passes on to CMD and still prints the line."""
 import json
-import os
 import signal
 import subprocess
 import sys
