@@ -9,6 +9,7 @@ cannot afford to keep (model.py reads as the paper; this file is how it fits in 
 TopkPhi calls private aten embedding_bag kernels directly, so torch.compile traces it without graph breaks.
 """
 import functools
+import warnings
 
 import torch
 import torch.nn.functional as F
@@ -100,16 +101,36 @@ def compiled_phi(x, W, k, tau, chunk):
     return compiled_bag()(x, W, k, tau, chunk)
 
 
+def csr_grads(x, W, idx, p, dlogit, g, chunk, mm_dtype, need):
+    """dx as bag (a gather); dW = S_dlogit @ x + S_p @ g with S the (V, N) sparse matrices of the selections in CSR
+    form: the flat indices sorted once, each vocabulary row reduces its own segment (no atomics, no (V, d) bags)."""
+    (V, d), k = W.shape, idx.size(-1)
+    flat = idx.reshape(-1)
+    order = flat.argsort(stable=True)  # stable: the rows within a segment stay ascending (CSR's column order)
+    crow = F.pad(torch.bincount(flat, minlength=V).cumsum(0), (1, 0))
+
+    def spmm(vals, dense):
+        S = torch.sparse_csr_tensor(crow, order // k, vals.reshape(-1)[order].to(W.dtype), (V, flat.numel() // k),
+                                    check_invariants=False)
+        return S @ dense.reshape(-1, d).to(W.dtype)
+    with warnings.catch_warnings():  # "sparse CSR support is in beta": once per process, not the user's concern
+        warnings.simplefilter("ignore", UserWarning)
+        gW = spmm(dlogit, x) + spmm(p, g) if need[1] else None
+    return (bag_dx(x, W, idx, dlogit) if need[0] else None), gW
+
+
 # name -> kernel(x, W, k, tau, chunk), each equal to TopkPhi in float64 (tests/test_phi.py): the default and the
-# variants a measurement has promoted. Candidates live in lab/phi.py (`python lab/phi.py CONFIG` times them on a
-# device); one moves here, in one change, once a device's numbers choose it.
+# variants a measurement promoted. "csr": 0.78x bag's time and a quarter of its peak on an H200 at the 440M shape
+# (RESULTS.md), 1.06x on a CPU, so "auto" (the default) is csr on CUDA, bag elsewhere. Candidates: lab/phi.py.
 PHI_KERNELS = {
+    "auto": lambda x, W, k, tau, chunk: TopkPhi.apply(x, W, k, tau, chunk, None, csr_grads if x.is_cuda else None),
     "bag": TopkPhi.apply,
+    "csr": lambda x, W, k, tau, chunk: TopkPhi.apply(x, W, k, tau, chunk, None, csr_grads),
     "compiled": compiled_phi,
 }
 
 
-def topk_phi(x, W, k, tau, chunk, kernel="bag"):
+def topk_phi(x, W, k, tau, chunk, kernel="auto"):
     """TopkPhi.apply(x, W, k, tau, chunk) with the named kernel of PHI_KERNELS."""
     if kernel not in PHI_KERNELS:
         raise ValueError(f"kernel={kernel!r} is invalid: allowed one of {tuple(PHI_KERNELS)}")

@@ -91,8 +91,8 @@ class GPTConfig:
     phi_tau: float = 1.0       # softmax temperature of Phi
     phi_topk: int = 0        # 0 = exact Phi over the vocabulary; k > 0 = Phi_k (Appendix B)
     phi_chunk: int = 0       # positions per chunk when decoding Phi (0 = all at once); bounds the B*chunk*V logits
-    phi_kernel: str = "bag"  # the top-k Phi kernel (kernels.PHI_KERNELS, all equal in float64; bench.py phi times them):
-                             # "bag" (embedding_bag gradients) measured fastest eager on the CPU; a GPU's: RESULTS.md
+    phi_kernel: str = "auto"  # the top-k Phi kernel (kernels.PHI_KERNELS, all equal in float64; lab/phi.py times them):
+                             # "auto" = "csr" on CUDA (faster on an H200), "bag" elsewhere (faster on the CPU)
     label_smoothing: float = 0.0  # label smoothing of the training loss
     loss_chunk: int = 1024     # positions per chunk of the head + cross-entropy (0 = all): bounds the (chunk, V) logits
     activation_checkpointing: str = "none"  # "block": keep only each block's input, recompute the block in backward

@@ -6,13 +6,12 @@ answer, so this script times them all at a training config's shape:
 
     python lab/phi.py config/pretrain.py --compile=True --json=phi.json     # the 440M shape: bag, compiled, candidates
 
-Candidates: unsorted or two-stage top-k (no sort of the winners; many short selections instead of one over V), a CSR
-(sorted-segment, no atomics) or dense-matmul (tensor cores) embedding gradient, and their combinations. Promote one
+Candidates: unsorted or two-stage top-k (no sort of the winners; many short selections instead of one over V), a
+dense-matmul (tensor cores) gradient, and their combinations with the core's CSR gradient (promoted: RESULTS.md). Promote one
 by moving it into kernels.py and its name into PHI_KERNELS, in one change.
 """
 import os
 import sys
-import warnings
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository root
 
@@ -22,7 +21,7 @@ import torch.nn.functional as F  # noqa: E402
 from bench import RowLog, round_robin, timed, training_config  # noqa: E402
 from common import ConfigError, autocast, die, setup  # noqa: E402
 from configurator import INT_GE0, INT_GE1  # noqa: E402
-from kernels import PHI_KERNELS, TopkPhi, sorted_topk, upcast  # noqa: E402
+from kernels import PHI_KERNELS, TopkPhi, csr_grads, sorted_topk, upcast  # noqa: E402
 from precision import resolve_dtype  # noqa: E402
 
 
@@ -51,27 +50,6 @@ def twostage_topk(logits, k, block=TWOSTAGE_BLOCK):
         vals.append(tv), idx.append(ti + nb * block)
     vals, j = torch.cat(vals, -1).topk(k, dim=-1, sorted=False)
     return vals, torch.cat(idx, -1).gather(-1, j)
-
-
-def csr_grads(x, W, idx, p, dlogit, g, chunk, mm_dtype, need):
-    """dx as the default kernel (a gather); dW = S_dlogit @ x + S_p @ g with S the (V, N) sparse matrices of the
-    selections, in CSR form: the flat indices sorted once, then each vocabulary row reduces its own segment (a
-    sparse-dense matmul, no atomics)."""
-    from kernels import bag_dx
-    (V, d), k = W.shape, idx.size(-1)
-    flat = idx.reshape(-1)
-    order = flat.argsort(stable=True)  # stable: the rows within a segment stay ascending (CSR's column order)
-    crow = F.pad(torch.bincount(flat, minlength=V).cumsum(0), (1, 0))
-    col = order // k  # flat position n * k + j belongs to row n
-
-    def spmm(vals, dense):
-        S = torch.sparse_csr_tensor(crow, col, vals.reshape(-1)[order].to(W.dtype), (V, flat.numel() // k),
-                                    check_invariants=False)
-        return S @ dense.reshape(-1, d).to(W.dtype)
-    with warnings.catch_warnings():  # "sparse CSR support is in beta": once per process, not the user's concern
-        warnings.simplefilter("ignore", UserWarning)
-        gW = spmm(dlogit, x) + spmm(p, g) if need[1] else None
-    return (bag_dx(x, W, idx, dlogit) if need[0] else None), gW
 
 
 def dense_grads(x, W, idx, p, dlogit, g, chunk, mm_dtype, need):
@@ -107,7 +85,7 @@ SELECT = {"": sorted_topk, "unsorted": unsorted_topk, "twostage": twostage_topk}
 GRADS = {"": None, "csr": csr_grads, "dense": dense_grads}
 # name -> kernel: the core's (PHI_KERNELS) first, then every candidate combination of a selection and a gradient
 CANDIDATES = {**PHI_KERNELS, **{"+".join(filter(None, (s, g))): phi_variant(SELECT[s], GRADS[g])
-                                for s in SELECT for g in GRADS if s or g}}
+                                for s in SELECT for g in GRADS if (s or g) and "+".join(filter(None, (s, g))) not in PHI_KERNELS}}
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -101,7 +101,7 @@ def test_lab_phi_times_every_kernel(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     lines = jsonl(out)
     meta, rows = lines[0]["run"], {x["row"]: x for x in lines[1:]}
-    eager = [n for n in CANDIDATES if n != "compiled"]
+    eager = ["bag"] + [n for n in CANDIDATES if n not in ("bag", "compiled")]  # bag (the reference) first
     assert list(rows) == ["matmul fwd (floor)", "matmul fwd+bwd (3 matmuls)"] + eager
     assert not [x for x in rows.values() if "failed" in x]
     assert meta["shape"] == {"rows": 40, "n_embd": 32, "vocab_size": 300, "k": 8, "tau": 1.0, "chunk_rows": 14}

@@ -111,5 +111,5 @@ def test_reference_tells_k_and_tau_apart():
 
 def test_unknown_kernel_is_one_line():
     x, W, _ = inputs(1, 2)
-    with pytest.raises(ValueError, match=r"kernel='bagg' is invalid: allowed one of \('bag'"):
+    with pytest.raises(ValueError, match=r"kernel='bagg' is invalid: allowed one of \('auto', 'bag'"):
         topk_phi(x, W, 2, 1.0, 2, kernel="bagg")
