@@ -303,79 +303,6 @@ def plan_main(argv):
     return p
 
 
-def breaks_main(argv):
-    """bench.py breaks CONFIG [--key=value ...]: torch.compile graph breaks of one Block's training forward, the
-    region train.py compiles (torch._dynamo.explain runs on CPU; the count does not depend on T, so T is small)."""
-    import torch._dynamo
-    c = training_config(argv, "breaks", breaks_main.__doc__, {"T": 64},  # sequence length traced (breaks do not depend on it)
-                        {"T": INT_GE1}, need_file=False, need_vocab=False)
-    try:
-        cfg = GPTConfig.from_dict({**c, "block_size": c["T"]})
-    except ValueError as e:
-        die(e)
-    model = GPT(cfg)
-    x = torch.randn(1, c["T"], cfg.n_embd, requires_grad=True)
-    rope = (model.rope_cos, model.rope_sin) if cfg.pos_emb == "rope" else None
-    ex = torch._dynamo.explain(model.transformer.h[0])(x, rope)
-    print(f"{cfg.recurrence} top-k={cfg.phi_topk} activation_checkpointing={cfg.activation_checkpointing!r}: "
-          f"{ex.graph_count} graph(s), {ex.graph_break_count} break(s)")
-    for b in ex.break_reasons:
-        where = b.user_stack[-1] if b.user_stack else None
-        print(f"  break: {b.reason.splitlines()[0][:200]}" + (f" ({where.filename}:{where.lineno})" if where else ""))
-    return ex.graph_break_count
-
-
-# bench.py compile's toy width (a comment on the line itself would be --help's meaning of these keys)
-TOY = dict(n_embd=64, n_head=4, block_size=64, vocab_size=2048, batch_size=2)
-
-
-def compile_main(argv):
-    """bench.py compile CONFIG [--modes=eager,blocks,whole] [--steps=3]: seconds to the first training step (compile
-    included, Inductor's caches off) and the later step time, eager against each Block compiled on its own (train.py's
-    compile=True) and against the whole unrolled model, at the config's depth, K and options and a toy width (TOY, but
-    for the keys the command line gives), in one process; unique compiled graphs show whether anything recompiles across layers or loops."""
-    from torch import _dynamo  # here, not at the top: about 1.5 s that `bench.py plan` need not pay
-    from torch._dynamo.utils import counters
-    from torch._inductor import config as inductor_config
-    extra = {"modes": "eager,blocks,whole",  # comma list of eager | blocks (per block) | whole (torch.compile(model))
-             "steps": 3}                     # later steps timed (median), after the first
-    c = training_config(argv, "compile", compile_main.__doc__, extra, {"steps": INT_GE1}, need_vocab=False)
-    given = {a[2:].split("=")[0] for a in argv if a.startswith("--")}  # the command line's keys beat the toy width
-    c.update({k: v for k, v in TOY.items() if k not in given})
-    c["phi_topk"] = min(c["phi_topk"], c["vocab_size"])
-    modes = c["modes"].split(",")
-    try:
-        if not set(modes) <= {"eager", "blocks", "whole"} or len(set(modes)) < len(modes):
-            raise ConfigError(f"modes={c['modes']!r} is invalid: a comma list of eager, blocks, whole, each once "
-                              "(the first is the reference)")
-        cfg = GPTConfig.from_dict(c)
-        device = setup(c["device"], c["threads"])
-    except (ConfigError, ValueError) as e:
-        die(e)
-    inductor_config.force_disable_caches = True  # seconds to the first step as a new machine sees them
-    x = torch.randint(0, cfg.vocab_size, (c["batch_size"], c["block_size"]), device=device)
-    rows = []
-    for mode in modes:
-        _dynamo.reset()
-        counters.clear()
-        torch.manual_seed(0)
-        model = GPT(cfg).to(device)
-        m = model.compile_blocks() if mode == "blocks" else torch.compile(model) if mode == "whole" else model
-
-        def step():
-            m(x, x)[1].backward()
-
-        first = timed(step, 1, device)
-        later = timed(step, c["steps"], device)
-        rows.append([mode, round(first, 1), round(later * 1000, 1), counters["stats"]["unique_graphs"]])
-    ref = rows[0][2]
-    print(f"{cfg.recurrence} n_layer={cfg.n_layer} K={cfg.n_loop} activation_checkpointing={cfg.activation_checkpointing!r}, "
-          f"d={cfg.n_embd} T={cfg.block_size} V={cfg.vocab_size} B={c['batch_size']}, device {device}, torch {torch.__version__}")
-    print(table(["mode", "first step s", "later step ms", "compiled graphs", f"step vs {rows[0][0]}"],
-                [row + [f"{row[2] / ref:.3f}x"] for row in rows]))
-    return rows
-
-
 def step_main(argv):
     """bench.py step CONFIG [--variants=loop,disco] [--steps=10] [--json=FILE] [--plan_cache=FILE]: training steps of
     a config's real model on this device (random tokens, fused AdamW/Muon, the config's dtype, compile and
@@ -574,7 +501,7 @@ def sample_main(argv):
 
 
 # subcommand -> its main(argv); no subcommand: the default CPU-shape comparison (main)
-SUBCOMMANDS = {"plan": plan_main, "breaks": breaks_main, "step": step_main, "sample": sample_main, "compile": compile_main}
+SUBCOMMANDS = {"plan": plan_main, "step": step_main, "sample": sample_main}
 
 if __name__ == "__main__":
     if sys.argv[1:2] and sys.argv[1] in SUBCOMMANDS:

@@ -13,7 +13,6 @@ import copy
 import json
 import math
 import os
-import re
 import signal
 import sys
 import time
@@ -113,7 +112,7 @@ try:  # fail now, not at the first checkpoint; a second run on out_dir stops her
 except ERRORS as e:
     die(e)
 ckpt_path, log = os.path.join(out_dir, "ckpt.pt"), RunLog(out_dir)
-earlier = [n for n in os.listdir(out_dir) if re.fullmatch(r"ckpt(_[0-9]+)?\.pt", n)  # exactly the names train.py writes
+earlier = [n for n in os.listdir(out_dir) if n == "ckpt.pt" or n[:5] + n[-3:] == "ckpt_.pt" and n[5:-3].isdigit()
            or (n == "metrics.jsonl" and os.path.getsize(os.path.join(out_dir, n)))]  # an earlier run's work
 if init_from != "resume" and not eval_only and earlier:
     if not overwrite:
@@ -308,15 +307,12 @@ def step_failed(e, compiled_once):
     """A step that raised: out of memory is one line with the step's advice; the first compiled step's failure is
     reported and the step runs again eager; anything else is a bug and raises."""
     if out_of_memory(e):  # common.py's one test of an allocation failure
-        die(f"out of memory in the training step (batch_size={batch_size} x block_size={block_size} "
-            "per micro-step): lower batch_size and raise gradient_accumulation_steps, or set "
-            "activation_checkpointing='block'")
+        die(f"out of memory in the training step (batch_size={batch_size} x block_size={block_size} per micro-step): "
+            "lower batch_size and raise gradient_accumulation_steps, or set activation_checkpointing='block'")
     if not compile or compiled_once:
         raise e
-    if stop.is_set():  # a SIGTERM (a time limit) that also killed the compiler's workers: not a compile failure
-        print("stopped during torch.compile's first step by a stop request (out of time, not a compile failure); "
-              f"the last checkpoint on disk is intact", file=sys.stderr)
-        sys.exit(124)
+    if stop.is_set():  # a SIGTERM (a time limit) killed the compiler's workers too: out of time, not a failure
+        sys.exit("stopped during torch.compile's first step by a stop request: out of time, not a compile failure")
     why = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:200]}"
     if ddp:  # ranks must not differ in what they run
         die(f"torch.compile failed ({why}); rerun with --compile=False")

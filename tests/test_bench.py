@@ -175,13 +175,13 @@ def test_bench_step_plans_once_and_bad_values(tmp_path):
 
 
 def test_bench_compile_per_block_against_eager_and_whole():
-    """bench.py compile: a row per mode, the per-block row with ONE compiled graph for every layer and loop."""
-    r = run(["bench.py", "compile", "config/pretrain_tiny.py", "--n_layer=3", "--n_loop=2", "--modes=eager,blocks",
+    """lab/compile.py: a row per mode, the per-block row with ONE compiled graph for every layer and loop."""
+    r = run(["lab/compile.py", "config/pretrain_tiny.py", "--n_layer=3", "--n_loop=2", "--modes=eager,blocks",
              "--steps=1", "--threads=1"], fresh=True)  # a new interpreter: Inductor's workers, not the zygote's fork
     assert r.returncode == 0, r.stderr[-2000:]
     rows = {line.split("|")[1].strip(): line.split("|")[2:-1] for line in r.stdout.splitlines() if line.startswith("| ")}
     assert rows["blocks"][2].strip() == "1" and rows["eager"][2].strip() == "0", r.stdout
-    one_line(run(["bench.py", "compile", "config/pretrain_tiny.py", "--modes=eager,jit"]), "modes='eager,jit'")
+    one_line(run(["lab/compile.py", "config/pretrain_tiny.py", "--modes=eager,jit"]), "modes='eager,jit'")
 
 
 def test_gpu_device_check_dry_runs_on_cpu(tiny_data, tmp_path):

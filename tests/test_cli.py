@@ -14,7 +14,8 @@ from common import DataError
 from conftest import run, tiny_train_args
 from precision import pick_cpu_dtype
 
-SCRIPTS = [["train.py"], ["eval_harness.py"], ["bench.py"], ["bench.py", "plan"], ["bench.py", "breaks"],
+SCRIPTS = [["train.py"], ["eval_harness.py"], ["bench.py"], ["bench.py", "plan"], ["lab/breaks.py"],
+           ["lab/compile.py"], ["lab/phi.py"], ["lab/sdpa.py"],
            ["data/symbolic/prepare.py"], ["data/nl/prepare.py"], ["data/pretrain/prepare.py"], ["data/pretrain/local_task.py"],
            ["sample.py"], ["bench.py", "sample"], ["bench.py", "step"]] \
     + [["probe.py", cmd] for cmd in ("acc", "lens", "sweep", "gate", "plot")]
