@@ -88,16 +88,42 @@ def saved_bytes(fn, params=()):
     return out, total[0]
 
 
+def config_file(argv):
+    return next((a for a in argv if a.endswith(".py") and not a.startswith("--")), None)
+
+
+def check_row_log(path):
+    """A --json file is new, empty, a device (/dev/null) or JSON lines a RowLog wrote (its first line a {"run": ...}
+    object): rows are appended to nothing else (a user's file is never extended)."""
+    if not path or not os.path.isfile(path) or not os.path.getsize(path):
+        return
+    with open(path, "rb") as f:
+        first = f.readline()
+    try:
+        ok = "run" in json.loads(first)
+    except (ValueError, TypeError):
+        ok = False
+    if not ok:
+        raise ConfigError(f"json={path!r} holds something other than this script's JSON lines: rows are appended "
+                          "only to a new file or to one bench.py or lab/ wrote; choose another path")
+
+
 class RowLog:
     """A results table printed a row at a time, each row also appended to a JSON-lines file as it comes (the first
     line the run's description): a run killed by a time limit keeps every row it finished."""
 
     def __init__(self, header, path, meta):
+        try:
+            check_row_log(path)
+        except ConfigError as e:
+            die(e)
+        stop_on_signals()
         self.header, self.path, self.records = header, path, {}
         print(table(header, []), flush=True)
         self.write({"run": meta})
 
     def write(self, obj):
+        obj = {k: (None if isinstance(v, float) and v != v else v) for k, v in obj.items()}  # NaN is not JSON: null
         if self.path:  # one write of one whole line (O_APPEND): no reader sees half a row
             fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
             try:
@@ -333,17 +359,27 @@ def step_main(argv):
         device = setup(c["device"], c["threads"])
     except (ConfigError, ValueError) as e:
         die(e)
-    signal.signal(signal.SIGTERM, out_of_time)
+    stop_on_signals()
     dtype = resolve_dtype(c["dtype"], device)
-    plans = {r: cached_plan(c, r, dtype) for r in names}  # before anything is timed
+    try:
+        check_row_log(c["json"])
+        plans = {r: cached_plan(c, r, dtype) for r in names}  # before anything is timed
+    except ConfigError as e:
+        die(e)
     print(f"device {device} ({torch.cuda.get_device_name() if device.startswith('cuda') else 'cpu'}), dtype {dtype}, "
           f"compile {c['compile']} (mode {c['compile_mode']}), micro-batch {c['batch_size']} x {c['block_size']}, "
           f"torch {torch.__version__}; plans (GB): " + ", ".join(f"{r} {g:.2f}" for r, g in plans.items()), flush=True)
-    if not c["steps"]:
+    if not c["steps"]:  # the plans are the rows
+        log = RowLog(["recurrence", "plan GB"], c["json"], {"config": config_file(argv), "dtype": dtype, "plans_only": True})
+        for r, gb in plans.items():
+            log.add(r, [RECURRENCES[r].label, f"{gb:.3f}"], {"plan_GB": gb})
         return plans
-    log = RowLog(["recurrence", "first step s", "graphs", "recompiles", "step ms", "tokens/s", "MFU", "peak alloc GB",
+    peak_flops = c["peak_flops"] or H100_BF16_PEAK
+    log = RowLog(["recurrence", "first step s", "graphs", "recompiles", "step ms", "tokens/s",
+                  f"MFU vs {peak_flops / 1e12:.0f} TF", "peak alloc GB",
                   "peak reserved GB", "plan GB", "peak / plan", "top-k Phi share", "step vs first"], c["json"],
-                 {"config": next((a for a in argv if a.endswith(".py") and not a.startswith("--")), None), "device": device, "dtype": dtype, "torch": torch.__version__})
+                 {"config": config_file(argv), "peak_flops": peak_flops, "device": device, "dtype": dtype,
+                  "torch": torch.__version__})
     ref = None
     for r in names:
         row = measure_step(c, r, device, dtype, plans[r])
@@ -360,29 +396,54 @@ PHASE = ["starting"]  # what this process is doing, for the "out of time" line
 
 
 def out_of_time(signum, frame):
-    """SIGTERM (the device check's `timeout`): say what was cut, exit 124. A compile cut here is out of time; the
-    compiler's workers die with it, which is no compile failure."""
-    os.write(2, f"out of time: SIGTERM during {PHASE[0]}\n".encode())
-    os._exit(124)
+    """SIGTERM (the device check's `timeout`) or Ctrl-C: say what was cut, exit 124 (130 for Ctrl-C). A compile cut
+    here is out of time; the compiler's workers die with it, which is no compile failure."""
+    what = "out of time: SIGTERM" if signum == signal.SIGTERM else "interrupted: SIGINT"
+    os.write(2, f"{what} during {PHASE[0]}; every row measured before it is kept\n".encode())
+    os._exit(124 if signum == signal.SIGTERM else 130)
+
+
+def stop_on_signals():
+    """bench.py step and the lab scripts end on SIGTERM / Ctrl-C with one line (out_of_time), never a traceback."""
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, out_of_time)
+
+
+PLAN_MARK = "discoloop_plan_cache"  # the key that makes a JSON file bench.py's plan cache: no other file is rewritten
+
+
+def read_plan_cache(path):
+    """The plan cache at path ({} if absent): a regular file holding a JSON object with PLAN_MARK, else one line (a
+    user's file, a device, a pipe or a folder is never read as one nor overwritten)."""
+    if not path or not os.path.exists(path):  # new (a dangling link: its target is made)
+        return {PLAN_MARK: 1}
+    if not os.path.isfile(path):
+        raise ConfigError(f"plan_cache={path!r} is not a regular file: allowed a new path or a plan cache bench.py wrote")
+    try:
+        cache = read_json(path)
+    except DataError as e:
+        raise ConfigError(f"plan_cache={path!r} is not a plan cache ({e}): choose a new path") from None
+    if cache.get(PLAN_MARK) != 1:
+        raise ConfigError(f"plan_cache={path!r} is not a plan cache (no {PLAN_MARK!r} key): a file of yours is not "
+                          "replaced; choose a new path")
+    return cache
 
 
 def cached_plan(c, r, dtype):
-    """Total GB of memory.plan for recurrence r at one micro-batch, from/into c['plan_cache'] (a JSON object keyed
-    by the configuration that decides it: the same on every device)."""
+    """Total GB of memory.plan for recurrence r at one micro-batch, from/into c['plan_cache'] (keyed by the
+    configuration that decides it: the same on every device). An entry that is not a number in (0, 1e6) GB is made
+    again."""
     keep = {k: v for k, v in c.items() if k not in ("variants", "steps", "warmup", "json", "plan_cache", "device",
                                                      "threads", "compile", "compile_mode")}
     key = json.dumps({**keep, "recurrence": r, "dtype": str(DTYPES[dtype])}, sort_keys=True, default=str)
-    cache = {}
-    if c["plan_cache"] and os.path.exists(c["plan_cache"]):
-        try:
-            cache = read_json(c["plan_cache"])
-        except DataError:
-            print(f"note: plan_cache '{c['plan_cache']}' is damaged: made again", flush=True)
-    if not isinstance(cache.get(key), (int, float)):
+    PHASE[0] = "reading plan_cache"
+    cache = read_plan_cache(c["plan_cache"])
+    v = cache.get(key)
+    if not (type(v) in (int, float) and 0 < v < 1e6):  # GB: a plan of a petabyte is not one
         PHASE[0] = f"the memory plan of {r}"
         cache[key] = plan({**c, "recurrence": r, "gradient_accumulation_steps": 1}, 1, DTYPES[dtype]).total / 1e9
         if c["plan_cache"]:
-            atomic_write(c["plan_cache"], json.dumps(cache))
+            atomic_write(os.path.realpath(c["plan_cache"]), json.dumps(cache))  # a symbolic link stays one
     return cache[key]
 
 
@@ -447,7 +508,7 @@ def measure_step(c, r, device, dtype, planned):
     reserved = torch.cuda.max_memory_reserved() / 1e9 if cuda else float("nan")
     PHASE[0] = f"top-k Phi of {r} timed alone"
     share = topk_phi_seconds(model, B, T, ctx, device, c["steps"]) / dt
-    mfu = model.flops_per_token(T, recompute=False) * B * T / dt / (c["peak_flops"] or H100_BF16_PEAK)
+    mfu = model.flops_per_token(T, recompute=False) * B * T / dt / (c["peak_flops"] or H100_BF16_PEAK)  # step's basis
     return {"first_s": round(first, 1), "graphs": counters["stats"]["unique_graphs"] if counters is not None else 0,
             "recompiles": sum(len(v) for v in guard_failures.values()) if guard_failures is not None else 0,
             "step_ms": round(dt * 1000, 1), "tok_per_s": round(B * T / dt), "mfu": round(mfu, 4),

@@ -18,7 +18,7 @@
 # Files back (8): summary.txt device.txt test_cuda.log step.log step.jsonl phi.log phi.jsonl symbolic.log
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-out/gpu}; DRY=${DRY:-0}
+OUT=${OUT:-out/gpu}; DRY=${DRY-0}  # unset: 0; set but empty: invalid
 bad() { echo "error: $1" >&2; exit 2; }
 [[ "$DRY" =~ ^[01]$ ]] || bad "DRY=$DRY is invalid: allowed 0 (the GPU) or 1 (the CPU at toy sizes)"
 if [ "$DRY" = 1 ]; then DEADLINE=${DEADLINE:-300}; else DEADLINE=${DEADLINE:-375}; fi
@@ -27,8 +27,15 @@ mkdir -p "$OUT" 2> /dev/null || bad "OUT=$OUT cannot be made (a file in its way?
 [ -z "$(ls -A "$OUT")" ] || bad "OUT=$OUT is not empty: the logs append, so choose a new folder"
 missing=$(python -c "import importlib.util as u; print(' '.join(m for m in ('torch', 'numpy', 'tqdm', 'pytest', 'xdist', 'tiktoken') if not u.find_spec(m)))" 2>&1)
 [ -z "$missing" ] || bad "missing Python modules: $missing (this check needs torch, numpy, tqdm, pytest, pytest-xdist, tiktoken)"
+[ "$DRY" = 1 ] || python -c "import torch, sys; sys.exit(not torch.cuda.is_available())" 2> /dev/null \
+  || bad "DRY=0 needs a CUDA device and this machine has none: DRY=1 runs the same steps on the CPU"
 export PYTHONUNBUFFERED=1
-START=$(date +%s); WORK=$(mktemp -d); trap 'rm -rf "$WORK"' EXIT
+START=$(date +%s); WORK=$(mktemp -d); KIDS=""
+# a SIGTERM or Ctrl-C to this script stops the running step and the background plans (their own handlers keep
+# every row they measured), then removes the scratch folder: nothing is left running
+cleanup() { [ -n "$KIDS" ] && kill -TERM $KIDS 2> /dev/null; wait 2> /dev/null; rm -rf "$WORK"; }
+trap 'cleanup' EXIT
+trap 'echo "gpu.sh: stopped by a signal" >> "$OUT/summary.txt"; exit 143' TERM INT
 if [ "$DRY" = 1 ]; then  # the real configs and commands, at toy sizes, on the CPU; limits for a busy 2-core CPU
   TOY="--n_layer=2 --n_embd=32 --n_head=2 --n_hidden=64 --block_size=32 --batch_size=2 --vocab_size=257 --phi_chunk=16 --loss_chunk=16 --device=cpu --dtype=float32 --threads=1"
   STEP="$TOY --steps=1 --warmup=0"; PHI="$TOY --iters=1 --warmup=0"; SDPA="$TOY --iters=1 --warmup=0"
@@ -52,7 +59,8 @@ step() {
   if [ "$limit" -le 5 ]; then echo "$name: skipped, out of time" >> "$OUT/summary.txt"; FAILED=1; return; fi
   echo "== $(date -u +%T) $name: $*" >> "$log"
   local t0 rc what; t0=$(date +%s)
-  timeout -s TERM -k 5 "$limit" "$@" >> "$log" 2>&1; rc=$?
+  timeout -s TERM -k 5 "$limit" "$@" >> "$log" 2>&1 &
+  local pid=$!; KIDS="$KIDS_BG $pid"; wait $pid; rc=$?; KIDS=$KIDS_BG
   case $rc in 0) what="ok";; 124|137) what="out of time (its limit was reached; rows measured before it are kept)";;
               *) what="failed";; esac
   [ $rc = 0 ] || FAILED=1
@@ -78,7 +86,9 @@ EOF
 # on 2 threads each (16 threads each starved test_cuda's compiles on the H200)
 PLAN=$WORK/plan_pretrain.json; PLAN_P=$WORK/plan_ponder.json
 python bench.py step config/pretrain.py $([ "$DRY" = 1 ] && echo "$TOY") --variants=loop,disco --steps=0 --threads=2 --plan_cache="$PLAN" > "$WORK/plan.log" 2>&1 &
+KIDS_BG=$!
 python bench.py step config/pretrain_ponder.py $([ "$DRY" = 1 ] && echo "$TOY") --variants=ponder --steps=0 --threads=2 --plan_cache="$PLAN_P" > "$WORK/plan_p.log" 2>&1 &
+KIDS_BG="$KIDS_BG $!"; KIDS=$KIDS_BG
 
 step "1 tests/test_cuda.py" $L_TEST test_cuda.log python -m pytest $PYTEST_ARGS tests/test_cuda.py
 for v in loop disco; do

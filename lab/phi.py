@@ -18,7 +18,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from bench import RowLog, round_robin, timed, training_config  # noqa: E402
+from bench import PHASE, RowLog, round_robin, timed, training_config  # noqa: E402
 from common import ConfigError, autocast, die, setup  # noqa: E402
 from configurator import INT_GE0, INT_GE1  # noqa: E402
 from kernels import PHI_KERNELS, TopkPhi, csr_grads, sorted_topk, upcast  # noqa: E402
@@ -118,6 +118,7 @@ def main(argv):
         write_row(log, name, t, floor_s["matmul fwd (floor)"], None, {}, cuda)
     ref, bag_s = None, None
     for name in names:  # bag first (phi_config)
+        PHASE[0] = f"kernel {name}"
         step, d, ref = phi_check(name, x, W, g, k, tau, chunk, ctx, cuda, ref, log)
         if step is None:
             continue
