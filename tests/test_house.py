@@ -85,8 +85,22 @@ def test_no_function_over_sixty_lines():
     assert not long, f"functions over 60 lines: {long}"
 
 
-# growth is a decision: raising one of these is a line in a reviewed change, not drift
-LINE_BUDGETS = {"model.py": 600, "train.py": 430, "README.md": 200}
+# growth is a decision: raising one of these is a line in a reviewed change, not drift. kernels.py holds the core's Phi
+# kernels only (candidates live in lab/), bench.py measures (the lab compares alternatives)
+LINE_BUDGETS = {"model.py": 600, "train.py": 430, "README.md": 200, "kernels.py": 200, "bench.py": 550}
+# lines of project code train.py imports, directly or through others (its import closure): raising it is a decision too
+TRAIN_CLOSURE_BUDGET = 4146
+
+
+def test_train_import_closure_budget():
+    g, seen, todo = graph(), set(), ["train"]
+    while todo:
+        m = todo.pop()
+        if m not in seen:
+            seen.add(m)
+            todo += [n for n in g.get(m, ()) if n in PROJECT]
+    lines = sum(len(open(PROJECT[m]).read().splitlines()) for m in seen)
+    assert lines <= TRAIN_CLOSURE_BUDGET, f"train.py imports {lines} lines of project code over {sorted(seen)}"
 
 
 def test_line_budgets():
