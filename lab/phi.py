@@ -18,8 +18,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from bench import PHASE, RowLog, round_robin, timed, training_config  # noqa: E402
+from bench import PHASE, round_robin, stop_on_signals, timed, training_config  # noqa: E402
 from common import ConfigError, autocast, die, setup  # noqa: E402
+from measure import RowLog  # noqa: E402
 from configurator import INT_GE0, INT_GE1  # noqa: E402
 from kernels import PHI_KERNELS, TopkPhi, csr_grads, sorted_topk, upcast  # noqa: E402
 from precision import resolve_dtype  # noqa: E402
@@ -101,6 +102,7 @@ def main(argv):
     broken differently (bf16 logits tie often). "compiled" is timed where compile=True or kernels names it. Each row
     is printed and written to the JSON as soon as it is measured."""
     c, names, device = phi_config(argv)
+    stop_on_signals()
     dtype = resolve_dtype(c["dtype"], device)
     ctx, (x, W, g, chunk), k, tau = autocast(device, dtype), phi_inputs(c, device), c["phi_topk"], c["phi_tau"]
     cuda = device.startswith("cuda")

@@ -14,8 +14,9 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 
-from bench import RowLog, timed, training_config  # noqa: E402
+from bench import stop_on_signals, timed, training_config  # noqa: E402
 from common import DTYPES, ConfigError, die, setup  # noqa: E402
+from measure import RowLog  # noqa: E402
 from configurator import INT_GE0, INT_GE1, OUTPUT  # noqa: E402
 from precision import resolve_dtype  # noqa: E402
 
@@ -45,6 +46,7 @@ def main(argv):
             raise ConfigError(f"n_embd={c['n_embd']} is not a multiple of n_head={c['n_head']}")
     except (ConfigError, ValueError) as e:
         die(e)
+    stop_on_signals()
     dtype = resolve_dtype(c["dtype"], device)
     B, H, T, hd = c["batch_size"], c["n_head"], c["block_size"], c["n_embd"] // c["n_head"]
     torch.manual_seed(0)
