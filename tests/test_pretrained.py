@@ -271,8 +271,9 @@ def test_smollm2_configs_agree_with_their_folders(tmp_path, name, folder_config)
         "model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": 49152, "hidden_act": "silu",
         "max_position_embeddings": 8192, "tie_word_embeddings": True, **folder_config}))
     _, arch, _, _ = pretrained_architecture(str(tmp_path))
-    stated = set()
+    stated = {}
     config = configure(train_config.defaults(), [os.path.join("config", name)], stated=stated)
+    stated = set(stated)
     assert stated & set(arch) and {k: config[k] for k in stated & set(arch)} == {k: arch[k] for k in stated & set(arch)}
 
 
@@ -312,11 +313,18 @@ def test_train_continues_a_pretrained_folder_as_disco_and_resumes(tmp_path):
     r = run(args + ["--init_from=resume", "--max_iters=4"])
     assert r.returncode == 0, r.stderr[-2000:]
     assert load_checkpoint(out)["iter_num"] == 4
-    for bad, both in ((["--sandwich_norm=True"], ("sandwich_norm=True", "sandwich_norm=False")),
-                      (["config/pretrain_tiny.py"], ("n_embd=128", "n_embd=32"))):
-        r = run(args[:1] + bad + args[1:] + [f"--init_from={folder}", f"--out_dir={tmp_path / 'other'}", "--overwrite=True"])
-        assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr[-2000:]
-        assert all(b in r.stderr for b in both) and "conflicts with" in r.stderr, r.stderr
+    r = run(args + ["--sandwich_norm=True", f"--init_from={folder}", f"--out_dir={tmp_path / 'other'}"])
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr[-2000:]
+    assert all(b in r.stderr for b in ("sandwich_norm=True", "sandwich_norm=False", "conflicts with")), r.stderr
+    # nanoGPT's init_from: a config FILE's architecture gives way to the folder's, one line per replaced key
+    r = run(args[:1] + ["config/pretrain_tiny.py"] + args[1:] + [f"--init_from={folder}", "--max_iters=0",
+                                                                  f"--out_dir={tmp_path / 'other'}"])
+    assert r.returncode == 0, r.stderr[-2000:]
+    notes = [line for line in r.stderr.splitlines() if "the folder decides its architecture" in line]
+    assert any(line.startswith("note: n_embd=32 from") and "replaces n_embd=128 of config/pretrain_tiny.py" in line
+               for line in notes), r.stderr[-2000:]
+    cfg = json.load(open(tmp_path / "other" / "config.json"))
+    assert cfg["n_embd"] == 32 and cfg["init_replaced"]["n_embd"] == [128, 32] and len(notes) == len(cfg["init_replaced"])
 
 
 def test_eval_harness_reads_a_pretrained_folder(tmp_path):
