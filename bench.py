@@ -249,10 +249,11 @@ def training_config(argv, name, doc, extra, checks, need_file=True, need_vocab=T
     try:
         if need_file and not any(a.endswith(".py") for a in argv if not a.startswith("--")) and not {"-h", "--help"} & set(argv):
             raise ConfigError(f"bench.py {name} needs a training config file, e.g. bench.py {name} config/pretrain.py")
+        stated = {}  # where each key was set: train_config.check refuses a typed inert key, notes a file's
         c = configure({**train_config.defaults(), **extra}, argv, doc,
                       [__file__, train_config.__file__, sys.modules[GPTConfig.__module__].__file__],
-                      {**train_config.CHECKS, **checks})
-        train_config.check(c)  # the relations of the training keys, and the model keys' one validator (GPTConfig)
+                      {**train_config.CHECKS, **checks}, stated)
+        train_config.check(c, stated)  # train.py's one validator: the training keys' relations, GPTConfig's, inert keys
         if need_vocab and not c["vocab_size"]:
             raise ConfigError("vocab_size=0 (the dataset's) is unknown without the data: set --vocab_size")
         return c
@@ -325,7 +326,6 @@ def compile_main(argv):
     c = training_config(argv, "compile", compile_main.__doc__, extra, {"steps": INT_GE1}, need_vocab=False)
     given = {a[2:].split("=")[0] for a in argv if a.startswith("--")}  # the command line's keys beat the toy width
     c.update({k: v for k, v in TOY.items() if k not in given})
-    c["phi_topk"] = min(c["phi_topk"], c["vocab_size"])
     modes = c["modes"].split(",")
     try:
         if not set(modes) <= {"eager", "blocks", "whole"} or len(set(modes)) < len(modes):
@@ -415,7 +415,7 @@ def measure_step(c, r, device, dtype):
     model = GPT(cfg).to(device)
     opts = model.configure_optimizers(c["optimizer"], c["learning_rate"], c["weight_decay"], (c["beta1"], c["beta2"]),
                                       c["adam_eps"], c["muon_momentum"], fused=cuda)
-    m = model.compile_blocks() if c["compile"] else model  # train.py's compile: per block
+    m = model.compile_blocks(mode=c["compile_mode"]) if c["compile"] else model  # train.py's compile: per block
     x = torch.randint(0, cfg.vocab_size, (B, T), device=device)
     y = torch.randint(0, cfg.vocab_size, (B, T), device=device)
 

@@ -6,7 +6,7 @@ that is cheap. The one place that picks a prepare script by the dataset's name.
 import importlib
 import os
 
-from common import DataError
+from common import ConfigError, DataError
 from configurator import merge
 from datafolder import kind_of, read_meta
 from shards import TokenData
@@ -47,9 +47,28 @@ def open_data(dataset, data_dir, data_args, block_size, eval_iters, seed, split_
     if kind_of(meta) == "tokens":
         if split_join:
             raise DataError(f"split_join={split_join!r} is for QA datasets; a token corpus has no splits to join")
+        if data_args:
+            check_made_with(prep.DEFAULTS, data_args, meta.get("config", {}), data_dir)
         return TokenData(data_dir, block_size, eval_iters, seed)
     # a join by rule ('acc/val_id>=0.9') is not known yet: the split waits until train.py sets it
     return QAData(data_dir, block_size, {s: None if isinstance(j, str) else j for s, j in split_join.items()}, **(qa or {}))
+
+
+def check_made_with(defaults, data_args, have, data_dir):
+    """A token corpus is prepared once: data_args (its script's defaults where they are silent, as a prepare would
+    take them) that say otherwise than the folder's record in any field would be ignored, so are refused in one
+    line. Fields the folder does not record (max_tokens, num_proc) are not compared."""
+    want = {**defaults, **data_args}
+    for k in [*data_args, *(k for k in have if k not in data_args)]:
+        if k not in have or k not in want or k == "out_dir":
+            continue
+        v, h = want[k], have[k]
+        same_path = isinstance(v, str) and isinstance(h, str) and v and h and os.path.abspath(v) == os.path.abspath(h)
+        if v != h and not same_path:
+            said = "" if k in data_args else " (the script's default where data_args are silent)"
+            raise ConfigError(f"data_args {k}={v!r}{said}, but data_dir '{data_dir}' holds shards made with {k}={h!r}: "
+                              "a corpus is prepared once, so data_args would be ignored; allowed the folder's value, "
+                              "another data_dir, or --data_args={} (the folder as it is)")
 
 
 def prepare_weights(path):

@@ -96,6 +96,17 @@ class GPTConfig:
     label_smoothing: float = 0.0  # label smoothing of the training loss
     loss_chunk: int = 1024     # positions per chunk of the head + cross-entropy (0 = all): bounds the (chunk, V) logits
     activation_checkpointing: str = "none"  # "block": keep only each block's input, recompute the block in backward
+    # when a key acts (configurator.inert: train.py and bench.py refuse a typed inert key, note a config file's): a
+    # key or a family prefix ('phi_': every Phi key, later ones too) -> (predicate over the keys, what it needs)
+    ACTIVE = {"phi_": (lambda c: RECURRENCES[c["recurrence"]].phi, "a recurrence that decodes Phi ('disco' or "
+                       "'ponder'), not recurrence={recurrence!r}"),
+              "disco_": (lambda c: c["recurrence"] == "disco", "recurrence='disco', not {recurrence!r}"),
+              "ponder_": (lambda c: c["recurrence"] == "ponder", "recurrence='ponder', not {recurrence!r}"),
+              "phi_kernel": (lambda c: c["phi_topk"] > 0, "top-k Phi (phi_topk > 0); exact Phi has no kernel"),
+              "disco_alpha": (lambda c: c["disco_gate"] == "fixed", "disco_gate='fixed', not {disco_gate!r}"),
+              "pos_every_loop": (lambda c: c["pos_emb"] == "learned", "pos_emb='learned', not {pos_emb!r}"),
+              "rope_theta": (lambda c: c["pos_emb"] == "rope", "pos_emb='rope', not {pos_emb!r}"),
+              "qkv_bias": (lambda c: not c["bias"], "bias=False (bias=True already has q, k, v biases)")}
 
     def __post_init__(self):
         def bad(name, allowed):

@@ -39,12 +39,12 @@ from tokenizer import data_tokenizer, record
 
 # -----------------------------------------------------------------------------
 # every key, its default and its meaning: train_config.py (GPTConfig's model keys, then the training keys)
-branch, branch_facts, stated = None, {}, set()  # stated: the keys a config file or the command line sets
+branch, branch_facts, stated = None, {}, {}  # stated: {key: the config file or command line that sets it}
 try:  # every key's one check: train_config.CHECKS here, GPTConfig's for the model keys
     config = configure(train_config.defaults(), sys.argv[1:], __doc__, [train_config.__file__, sys.modules[GPTConfig.__module__].__file__],
                        train_config.CHECKS, stated)
     if not config["vocab_size"]:  # 0 = the data's: it states no size
-        stated.discard("vocab_size")
+        stated.pop("vocab_size", None)
     if config["init_from"] == "resume" or config["eval_only"]:  # the weights' architecture where the command is silent
         config.update(resume_architecture(os.path.join(config["out_dir"], "ckpt.pt"), stated))
     elif config["init_from"] != "scratch":  # a new run from another run's (or a Hugging Face model's) weights
@@ -52,7 +52,7 @@ try:  # every key's one check: train_config.CHECKS here, GPTConfig's for the mod
             prepare_weights(config["init_from"])
         *branch, model_keys, branch_facts = load_branch(config["init_from"], config, stated)
         config.update(model_keys)  # a Hugging Face folder's architecture, before the model check
-    train_config.check(config)
+    branch_facts["inert"] = train_config.check(config, stated)  # keys that do nothing here: refused if typed, else noted
 except (ValueError, *ERRORS) as e:
     die(e)
 globals().update(config)  # nanoGPT's style: every key is a name below (model keys are read as config[...])

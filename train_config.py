@@ -3,10 +3,8 @@ train.py's keys: each key's default and meaning (--help prints the comment on it
 and the checks that need the opened dataset. Model keys are GPTConfig's (model.py), checked there.
 Importable without running training, so bench.py plans and times a training config with the same keys.
 """
-import os
-
 from common import SYSTEM_CHECKS, ConfigError
-from configurator import FOLDER, INT_GE0, INT_GE1, OUTPUT, num, one_of
+from configurator import FOLDER, INT_GE0, INT_GE1, OUTPUT, check_inert, num, one_of
 import curriculum
 from model import RECURRENCES, GPTConfig
 from pretrained import hf_folder
@@ -73,6 +71,19 @@ memory_check = True          # on CUDA: print the memory plan and stop before al
 KEYS = {k: v for k, v in dict(globals()).items() if k not in _imported and not k.startswith("_")}
 
 
+# when a training key acts (configurator.inert; GPTConfig.ACTIVE holds the model keys'): key or family prefix ->
+# (predicate over the resolved keys, what it needs)
+ACTIVE = {"compile_": (lambda c: c["compile"], "compile=True"),
+          "muon_": (lambda c: c["optimizer"] == "muon", "optimizer='muon', not {optimizer!r}"),
+          "wandb_": (lambda c: c["wandb_log"], "wandb_log=True"),
+          "lr_": (lambda c: c["decay_lr"], "decay_lr=True (decay_lr=False is a constant learning_rate)"),
+          "warmup_iters": (lambda c: c["decay_lr"], "decay_lr=True (decay_lr=False is a constant learning_rate)"),
+          "min_lr": (lambda c: c["decay_lr"], "decay_lr=True (decay_lr=False is a constant learning_rate)"),
+          "stop_patience": (lambda c: c["stop_metric"], "a stop_metric"),
+          "overwrite": (lambda c: c["init_from"] != "resume" and not c["eval_only"],
+                        "a new run (not init_from='resume' or eval_only=True)")}
+
+
 def _init_from(v):  # 'scratch', 'resume', or a folder to start from (a run folder, a Hugging Face folder)
     return isinstance(v, str) and v.strip() != ""
 
@@ -115,8 +126,10 @@ def defaults():
     return {**GPTConfig.defaults(), **KEYS}
 
 
-def check(config):
-    """The relations between training keys (each key alone is checked by CHECKS, model keys by GPTConfig)."""
+def check(config, stated=None):
+    """The relations between training keys (each key alone is checked by CHECKS, model keys by GPTConfig), then the
+    keys that have no effect (configurator.check_inert: refused when typed, noted when a config file set them;
+    stated: configure()'s {key: where}). Returns {inert key: why} (train.py records it in config.json)."""
     if config["keep_every"] % config["eval_interval"]:
         raise ConfigError(f"keep_every={config['keep_every']} is invalid: allowed 0 or a multiple of eval_interval="
                           f"{config['eval_interval']} (checkpoints are written at evaluations)")
@@ -125,6 +138,7 @@ def check(config):
                           "the schedule decays to min_lr, so allowed min_lr <= learning_rate")
     # the model keys' one validator; vocab_size 0 is the data's, checked against the data in check_with_data
     GPTConfig.from_dict({**config, "vocab_size": config["vocab_size"] or max(1, config["phi_topk"])})
+    return check_inert(config, defaults(), {**GPTConfig.ACTIVE, **ACTIVE}, stated or {})
 
 
 def check_with_data(config, data):
@@ -141,6 +155,10 @@ def check_with_data(config, data):
                           f"{data.seq_len + shift}, not {block}")
     if config["vocab_size"] and config["vocab_size"] < data.vocab_size:
         raise ConfigError(f"vocab_size={config['vocab_size']} is smaller than the dataset's vocabulary ({data.vocab_size})")
+    try:  # vocab_size 0 is the data's: the model keys' one validator again, at that size (phi_topk <= it)
+        GPTConfig.from_dict({**config, "vocab_size": config["vocab_size"] or data.vocab_size})
+    except ValueError as e:
+        raise ConfigError(f"{e} (the vocabulary of '{config['data_dir']}')") from None
     if config["loops_by_hops"] or config["extra_loops"]:
         check_loops_by_hops(config, data)
     first = int((data.row_join == 0).sum()) if data.kind == "qa" else None  # QA: examples in the mix at 0
@@ -152,19 +170,12 @@ def check_with_data(config, data):
 
 def check_data_belongs(config, data):
     """The data is the one the config and the starting weights mean: Stage-1 splits are asked only of question-answer
-    data; a token corpus is prepared once, so data_args that say otherwise than its folder are refused, not ignored;
-    the tokenizer its shards name is still the one they were made with; an init_from folder's own tokenizer is the
+    data (data_args against a corpus's folder: dataloader.check_made_with); the tokenizer its shards name is still the one they were made with; an init_from folder's own tokenizer is the
     data's."""
     d, corpus = config["data_dir"], data.kind == "tokens"
     if corpus and config["stage1_splits"] != KEYS["stage1_splits"]:
         raise ConfigError(f"stage1_splits={config['stage1_splits']!r} names question-answer splits; '{d}' is a token "
                           f"corpus (no splits): allowed only the default {KEYS['stage1_splits']!r}")
-    for k, v in config["data_args"].items() if corpus else ():
-        have = data.config.get(k, v)  # a key the folder does not record (max_tokens, num_proc) is not compared
-        if v != have and not (isinstance(v, str) and os.path.abspath(v) == os.path.abspath(str(have))):
-            raise ConfigError(f"data_args {k}={v!r}, but data_dir '{d}' holds shards made with {k}={have!r}: a corpus "
-                              "is prepared once, so data_args would be ignored; allowed the folder's value, another "
-                              "data_dir, or --data_args={} (the folder as it is)")
     check_shards_tokenizer(data.config, d)
     init = config["init_from"]
     if init not in ("scratch", "resume") and hf_folder(init):

@@ -169,3 +169,35 @@ def test_auto_dtype_rule():
     slow = []
     pick_cpu_dtype(True, lambda d, r: slow.append((d, r)) or (1.0 if d == torch.float32 else 100.0))
     assert slow == [(torch.float32, 5), (torch.bfloat16, 1)]  # one slow try, no repeats
+
+
+def test_round5_silent_keys_and_late_checks_are_one_line(tiny_data, tmp_path):
+    """Issue 56: a typed key that does nothing (train.py and bench.py alike, one validator), bench.py compile's
+    phi_topk past its toy vocabulary (was clamped), phi_topk past the data's vocabulary with vocab_size=0 (was a
+    traceback where the model is built), data_args silent on a field the folder records otherwise (was ignored)."""
+    out = str(tmp_path / "run")
+    one_line(run(tiny_train_args(tiny_data, out, "--compile_mode=reduce-overhead")), "compile_mode=", "needs compile=True")
+    one_line(run(["bench.py", "step", "config/pretrain.py", "--compile=False", "--compile_mode=reduce-overhead"]),
+             "compile_mode=", "needs compile=True")
+    one_line(run(["bench.py", "compile", "config/pretrain.py", "--phi_topk=3000", "--modes=eager"]), "phi_topk=3000",
+             "vocab_size=2048")
+    (tmp_path / "a").mkdir()
+    d = shards(tmp_path / "a", list(np.arange(200) % 50))
+    one_line(run(PRETRAIN + [f"--data_dir={d}", f"--out_dir={out}", "--phi_topk=64"]), "phi_topk=64", "vocab_size=50", d)
+    d = shards(tmp_path, list(np.arange(200) % 50), meta_extra={"config": {
+        "data_files": "synthetic:web", "encoding": "bytes", "tokenizer_file": "tok.json", "val_tokens": 200}})
+    one_line(run(PRETRAIN + [f"--data_dir={d}", f"--out_dir={out}",
+                             "--data_args={'data_files': 'synthetic:web', 'encoding': 'bytes', 'val_tokens': 200}"]),
+             "data_args tokenizer_file=''", "where data_args are silent", "made with tokenizer_file='tok.json'")
+
+
+def test_round5_a_file_key_made_inert_is_noted_and_recorded(tiny_data, tmp_path):
+    cfg = tmp_path / "c.py"
+    cfg.write_text('exec(open("config/symbolic.py").read())\nphi_topk = 4\n')  # the parent, found from the repo
+    out = tmp_path / "run"
+    args = tiny_train_args(tiny_data, str(out), "--recurrence=loop", "--max_iters=0")
+    r = run([args[0], str(cfg)] + args[2:])
+    assert r.returncode == 0, r.stderr[-2000:]
+    notes = [line for line in r.stderr.splitlines() if line.startswith("note: phi_topk=4 has no effect")]
+    assert len(notes) == 1 and str(cfg) in notes[0], r.stderr[-2000:]
+    assert list(json.loads((out / "config.json").read_text())["inert"]) == ["phi_topk"]

@@ -86,7 +86,8 @@ def test_no_function_over_sixty_lines():
 
 
 # growth is a decision: raising one of these is a line in a reviewed change, not drift
-LINE_BUDGETS = {"model.py": 600, "train.py": 430, "README.md": 200}
+LINE_BUDGETS = {"model.py": 640,  # +ACTIVE (when each model key acts), GPT.from_pretrained for forkers
+                "train.py": 430, "README.md": 200}
 
 
 def test_line_budgets():
