@@ -15,6 +15,7 @@ tie_embeddings=False, for pretrained checkpoints: Phi decodes with it and encode
 per_loop_norm (Ouro's modeling_ouro.py): ln_f is applied to every loop's output and the normed state feeds the next
 loop; the head and Phi read it as it is. DiscoLoop's order is then: h = ln_f(f(H~)), Phi(h), H~ = h + a RMSNorm(Phi(h)).
 """
+import importlib
 import math
 from dataclasses import dataclass, fields
 
@@ -314,6 +315,17 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
+    @classmethod
+    def from_pretrained(cls, folder, override_args=None, **overrides):
+        """nanoGPT's entry point, for a forker: a Hugging Face GPT-2/Llama/Qwen2 folder as a GPT through the project's
+        pretrained.py, looked up at call time (model.py copied alone imports and runs without it)."""
+        try:
+            loader = importlib.import_module("pretrained")  # at call time, by name: model.py imports nothing of ours
+        except ImportError:
+            raise ImportError("GPT.from_pretrained reads Hugging Face folders with the discoloop project's "
+                              "pretrained.py, which is not importable here: copy it beside model.py") from None
+        return loader.from_pretrained(folder, **(override_args or {}), **overrides)
+
     def __init__(self, config):
         super().__init__()
         self.config = config

@@ -12,13 +12,15 @@ Face's rotate_half is model.apply_rope: the weights load as they are), grouped-q
 pytorch_model.bin[.index.json], read with weights_only (pickled objects are refused, never run).
 
 The folder decides its architecture: every GPTConfig key but CONTINUE_KEYS. A caller that sets an architecture key
-to another value (train.py: a config file or the command line, `--init_from=<folder>`) is a one-line ConfigError
-naming both values. This is the one reader of such a folder (checkpoint.load_branch, eval_harness.py): whatever is
+to another value (train.py: the command line, `--init_from=<folder>`; a config file's values give way) is a one-line
+ConfigError naming both values. A folder that says its head is tied but stores its own lm_head.weight loads untied,
+with a warning, as transformers loads it. Every error is a ValueError (common.py's classes), as a library's are. This is the one reader of such a folder (checkpoint.load_branch, eval_harness.py): whatever is
 wrong inside it (a missing or unreadable file, JSON of the wrong shape, a truncated or pickled weights file,
 weights that do not fit) is a one-line DataError naming the file. Callers catch ValueError.
 """
 import math
 import os
+import sys
 
 import numpy as np
 import torch
@@ -105,15 +107,29 @@ def from_pretrained(folder, **overrides):
         k = fixed[0]
         raise ConfigError(f"{k}={overrides[k]!r} conflicts with {path}, which has {k}={arch[k]!r}: the folder decides "
                           f"its architecture (a continuation may set {', '.join(CONTINUE_KEYS)})")
+    sd, files = read_hf_weights(folder)
+    if arch["tie_embeddings"] and stores_own_head(sd, kind):  # as transformers loads it: untied, with its warning
+        print(f"warning: {path} says tie_word_embeddings=true, but {files} stores its own lm_head.weight, unlike the "
+              "embedding: loaded untied, as transformers does (set tie_word_embeddings=false there to silence this)",
+              file=sys.stderr)
+        arch["tie_embeddings"] = False
+        if overrides.get("tie_embeddings") is True:
+            raise ConfigError(f"tie_embeddings=True conflicts with {files}, which stores its own head (untied)")
     config = GPTConfig(**{"recurrence": "loop", "n_loop": 1, "block_size": n_pos, **arch, **overrides})
     if config.pos_emb == "learned" and config.block_size > n_pos:
         raise ConfigError(f"block_size={config.block_size} is more than the {n_pos} learned positions of {path}")
-    sd, files = read_hf_weights(folder)
     try:
         ours = PRETRAINED[kind][2](sd, config, files)  # one stack of n_layer blocks, our names and layout
     except RuntimeError as e:  # torch.cat of q, k, v (gate, up) rows of shapes that do not fit together
         raise DataError(f"{files}: weights that do not fit {path} ({str(e).splitlines()[0][:120]})") from None
     return _load(config, ours, files, path)
+
+
+def stores_own_head(sd, kind):
+    """Whether a folder's weights hold an lm_head.weight that is not its embedding (transformers then unties them)."""
+    head, name = sd.get("lm_head.weight"), {"gpt2": "wte.weight"}.get(kind, "embed_tokens.weight")
+    emb = sd.get(name, sd.get(("transformer." if kind == "gpt2" else "model.") + name))
+    return head is not None and emb is not None and (head.shape != emb.shape or not torch.equal(head, emb))
 
 
 def _load(config, ours, files, path):
@@ -241,9 +257,11 @@ def _gpt2_weights(sd, config, files):
     """GPT-2's names are ours (nanoGPT's), under 'transformer.' or not; Conv1D stores (in, out): transposed."""
     sd = {k[len("transformer."):] if k.startswith("transformer.") else k: v for k, v in sd.items()}
     sd = {k: v for k, v in sd.items() if not k.endswith((".attn.bias", ".attn.masked_bias"))}  # old mask buffers
-    sd.pop("lm_head.weight", None)  # tied to wte
+    head = sd.pop("lm_head.weight", None)  # tied to wte, unless the folder stores its own (from_pretrained unties)
     conv1d = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
     ours = {f"transformer.{k}": v.t() if k.endswith(conv1d) else v for k, v in sd.items()}
+    if not config.tie_embeddings:
+        ours["lm_head.weight"] = head
     blocks = [k.split(".") for k in ours if k.startswith("transformer.h.")]
     extra = [".".join(p) for p in blocks if len(p) < 5 or not p[2].isdigit() or int(p[2]) >= config.n_layer]
     if extra:

@@ -359,3 +359,55 @@ def test_eval_harness_reads_a_pretrained_folder(tmp_path):
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr[-2000:]
     assert f"has {V + 5} tokens, more than the model's vocab_size={V}" in r.stderr, r.stderr
     assert sorted(os.listdir(folder)) == before  # nothing written into someone's model folder
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama_tied"])
+def test_a_tied_folder_that_stores_its_own_head_loads_as_transformers_does(tmp_path, capsys, name):
+    """config.json says tie_word_embeddings=true but the weights hold their own lm_head.weight: transformers keeps it
+    (untied, with a warning); so do we, with one warning line (dropping it made logits differ by up to 25)."""
+    from safetensors.torch import load_file, save_file
+    _, folder = saved(name, tmp_path)
+    path = os.path.join(folder, "model.safetensors")
+    sd = load_file(path)
+    torch.manual_seed(1)
+    sd["lm_head.weight"] = torch.randn(V, 32)
+    save_file(sd, path, metadata={"format": "pt"})
+    hf = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
+    capsys.readouterr()
+    model = from_pretrained(folder)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("warning:") and "loaded untied, as transformers does" in err[0]
+    assert not model.config.tie_embeddings
+    idx = torch.randint(0, V, (2, T))
+    with torch.no_grad():
+        torch.testing.assert_close(model(idx)[0], hf_logits(hf, idx), rtol=0, atol=1e-4)
+    with pytest.raises(ValueError, match="phi_topk=4 needs tie_embeddings=True"):  # a library caller's except
+        from_pretrained(folder, recurrence="disco", phi_topk=4)
+
+
+def test_nanogpt_entry_point_and_library_errors(tmp_path):
+    """A nanoGPT forker's GPT.from_pretrained loads a folder (through pretrained.py); model.py copied alone still
+    imports, and the call is one clear ImportError there; every error of the library is a ValueError."""
+    import subprocess
+    import sys
+    from common import ERRORS
+    from conftest import REPO
+    from model import GPT
+    _, folder = saved("llama", tmp_path)
+    idx = torch.randint(0, V, (1, T))
+    with torch.no_grad():
+        assert torch.equal(GPT.from_pretrained(folder, override_args={"dropout": 0.0})(idx)[0], from_pretrained(folder)(idx)[0])
+    assert all(issubclass(e, ValueError) for e in ERRORS)
+    for bad in (dict(n_embd=64), dict(bogus=1)):
+        with pytest.raises(ValueError):
+            GPT.from_pretrained(folder, **bad)
+    with pytest.raises(ValueError, match="no pretrained model folder"):
+        GPT.from_pretrained(str(tmp_path / "none"))
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    for f in ("model.py", "kernels.py", "muon.py"):
+        (alone / f).write_text(open(os.path.join(REPO, f)).read())
+    code = "from model import GPT\ntry:\n    GPT.from_pretrained('x')\nexcept ImportError as e:\n    print(e)"
+    r = subprocess.run([sys.executable, "-c", code], cwd=alone, capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "PYTHONPATH": ""})
+    assert r.returncode == 0 and "pretrained.py" in r.stdout, r.stderr[-2000:]
