@@ -20,14 +20,51 @@ KINDS = ("qa", "tokens", "tasks", "model")  # tasks: lm-eval task YAMLs (data/be
 MODEL_FILES = (".safetensors", ".bin", ".gguf", ".pt", "tokenizer.json", "tokenizer_config.json")  # a model's files
 
 
+def _pairs(v):  # a split's shard list: [[file name, token count], ...]
+    return isinstance(v, list) and all(isinstance(p, list) and len(p) == 2 and isinstance(p[0], str)
+                                       and type(p[1]) is int and p[1] >= 0 for p in v)
+
+
+_STR, _INT1 = (lambda v: isinstance(v, str), "a string"), (lambda v: type(v) is int and v >= 1, "an integer >= 1")
+_INT0 = (lambda v: type(v) is int and v >= 0, "an integer >= 0")
+# Every meta.json field a reader uses, by the kind the file names: (field, required?, (predicate, what is allowed));
+# 'config.x' is a field of its 'config' object (the prepare script's arguments). One reader checks them all.
+META_FIELDS = {
+    None: [("config", False, (lambda v: isinstance(v, dict), "an object")), ("generator", False, _STR)],
+    "tokens": [("shards", True, (lambda v: isinstance(v, dict) and all(_pairs(x) for x in v.values()),
+                                 "an object of splits, each a list of [file, token count]")),
+               ("dtype", True, (lambda v: v in ("uint16", "uint32"), "'uint16' or 'uint32'")),
+               ("vocab_size", True, _INT1), ("eot", False, _INT0), ("encoding", False, _STR),
+               ("config.encoding", False, _STR), ("config.tokenizer_file", False, _STR),
+               ("config.tiktoken_file", False, _STR), ("config.tokenizer_eot", False, _STR),
+               ("config.tokenizer_sha256", False, (lambda v: isinstance(v, str) and len(v) == 64, "a sha256 hex string"))],
+    "qa": [("splits", True, (lambda v: isinstance(v, dict) and v and all(
+               isinstance(i, dict) and isinstance(i.get("file"), str) and isinstance(i.get("train"), bool)
+               and type(i.get("hops", 1)) is int for i in v.values()),
+               "an object of splits, each with a 'file' name and 'train' true or false")),
+           ("vocab", True, (lambda v: isinstance(v, list) and v and all(isinstance(t, str) for t in v),
+                            "a list of token strings")),
+           ("checksums", False, (lambda v: isinstance(v, dict), "an object"))],
+}
+
+
 def read_meta(data_dir):
-    """meta.json as a dict, or a one-line DataError (missing, not JSON, not an object)."""
+    """meta.json as a dict, or a one-line DataError naming the file and the field: missing, not JSON, not an
+    object, a field a reader uses missing or of the wrong type or shape (META_FIELDS, by the kind it names)."""
     path = os.path.join(data_dir, "meta.json")
     if not os.path.isfile(path):
         raise DataError(f"no prepared dataset at '{data_dir}' (missing meta.json)")
     meta = read_json(path)
-    if not isinstance(meta.get("config", {}), dict):
-        raise DataError(f"'{path}' is not a dataset description (a JSON object with 'config')")
+    for field, required, (ok, allowed) in META_FIELDS[None] + META_FIELDS.get(meta.get("kind"), []):
+        *parent, name = field.split(".")
+        where = meta.get(parent[0], {}) if parent else meta
+        if name not in where:
+            if required:
+                raise DataError(f"'{path}' lacks '{field}' (a {meta['kind']} folder's): prepare the folder again")
+            continue
+        if not ok(where[name]):
+            raise DataError(f"'{path}': {field}={str(where[name])[:60]!r} is invalid: allowed {allowed} (damaged: "
+                            "prepare the folder again)")
     return meta
 
 

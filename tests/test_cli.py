@@ -104,12 +104,16 @@ PRETRAIN = ["train.py", "config/pretrain_tiny.py", "--dtype=float32", "--threads
 @pytest.mark.parametrize("case,needle", [
     ("bad_id", "holds token id 99"), ("short", "block_size=16 is longer than every shard"),
     ("no_shards", "lacks 'shards'"), ("cut_meta", "not valid JSON"),
+    ("hash_type", "config.tokenizer_sha256='12345' is invalid: allowed a sha256 hex string"),
+    ("dtype", "dtype='float64' is invalid"), ("shard_pairs", "shards="),
 ])
 def test_shard_problems_one_line(tmp_path, case, needle):
     toks = list(np.arange(200) % 50)
     if case == "bad_id":
         toks[150] = 99  # far from any window a short run would sample
-    d = shards(tmp_path, toks[:10] if case == "short" else toks)
+    extra = {"hash_type": {"config": {"encoding": "bytes", "tokenizer_file": "t.json", "tokenizer_sha256": 12345}},
+             "dtype": {"dtype": "float64"}, "shard_pairs": {"shards": {"train": ["train_000000.bin"]}}}.get(case)
+    d = shards(tmp_path, toks[:10] if case == "short" else toks, meta_extra=extra)
     if case == "no_shards":
         meta = json.loads(open(f"{d}/meta.json").read())
         del meta["shards"]
@@ -139,6 +143,19 @@ def test_shard_vocabulary_scan_is_cached_per_file(tmp_path):
     os.utime(f"{d}/train_000000.bin", ns=(time.time_ns(), time.time_ns() + 10**9))
     with pytest.raises(DataError, match="holds token id 99"):
         TokenShards(d, "train")
+
+
+@pytest.mark.parametrize("content", ["[1, 2]", "7", '{"train_000000.bin": 49}', "{"])
+def test_a_damaged_scan_cache_is_made_again(tmp_path, capsys, content):
+    """max_token.json holding a list, a bare number, a torn entry or half a file: one line, 'damaged: made again',
+    the shards scanned again and the file rewritten (it was an AttributeError or a TypeError)."""
+    from shards import TokenShards
+    d = shards(tmp_path, list(np.arange(200) % 50))
+    open(f"{d}/max_token.json", "w").write(content)
+    TokenShards(d, "train")
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "max_token.json' is damaged" in err[0] and "made again" in err[0], err
+    assert json.loads(open(f"{d}/max_token.json").read())["train_000000.bin"][2] == 49
 
 
 def test_probe_on_a_pretraining_checkpoint(tmp_path):
@@ -201,3 +218,19 @@ def test_round5_a_file_key_made_inert_is_noted_and_recorded(tiny_data, tmp_path)
     notes = [line for line in r.stderr.splitlines() if line.startswith("note: phi_topk=4 has no effect")]
     assert len(notes) == 1 and str(cfg) in notes[0], r.stderr[-2000:]
     assert list(json.loads((out / "config.json").read_text())["inert"]) == ["phi_topk"]
+
+
+@pytest.mark.parametrize("meta,needle", [
+    ({"kind": "qa", "splits": {"train": "train.txt"}, "vocab": ["a"]}, "splits="),
+    ({"kind": "qa", "splits": {"train": {"file": "t.txt", "train": True}}, "vocab": "abc"}, "vocab='abc'"),
+    ({"kind": "qa", "vocab": ["a"]}, "lacks 'splits'"),
+    ({"kind": "qa", "splits": {"train": {"file": "t.txt", "train": True}}, "vocab": ["a"], "config": []}, "config="),
+])
+def test_meta_json_fields_are_read_checked(tmp_path, meta, needle):
+    """meta.json is read by one checked reader (datafolder.read_meta): a field of the wrong type or shape, or one
+    missing, is one line naming the file and the field, never a KeyError or TypeError further on."""
+    from tasks import QAData
+    (tmp_path / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(DataError, match="meta.json") as e:
+        QAData(str(tmp_path))
+    assert needle in str(e.value) and "\n" not in str(e.value)
