@@ -13,6 +13,7 @@ Anything else is nobody's we know, and is left untouched.
 import contextlib
 import fcntl
 import os
+import sys
 
 from common import DataError, read_json
 
@@ -120,13 +121,21 @@ def owner(path):
 
 def beside_checkpoint(ckpt, name, key="json"):
     """Where a probe or an evaluation of `ckpt` (a run folder or a checkpoint file in one) writes `name` by default:
-    into that run folder, train.py's (claim); a Hugging Face or any other folder is one line asking for --json."""
+    into that run folder, train.py's (claim); a Hugging Face or any other folder is not ours to write into, so
+    out/results/<its name>/ under the current folder (the project's output root), made now and said in one line."""
     folder = ckpt if os.path.isdir(ckpt) else os.path.dirname(ckpt) or "."
     who = owner(folder) if os.path.exists(ckpt) else "train.py"  # a missing checkpoint: its reader's one line
-    if who != "train.py":
-        raise DataError(f"'{folder}' is {f'a folder of {who}' if who else 'empty'}, not a run folder: writing {name} there is not ours to "
-                        f"do; pass --{key}=FILE")
-    return os.path.join(folder, name)
+    if who == "train.py":
+        return os.path.join(folder, name)
+    own = os.path.join("out", "results", os.path.basename(os.path.abspath(folder)))
+    try:
+        os.makedirs(own, exist_ok=True)
+    except OSError as e:
+        raise DataError(f"cannot make '{own}' for {name} ({e.strerror}): pass --{key}=FILE") from None
+    path = os.path.join(own, name)
+    print(f"note: '{folder}' is {f'a folder of {who}' if who else 'empty'}, not a run folder, so not ours to write "
+          f"into: {name} goes to {path} (--{key}=FILE chooses)", file=sys.stderr)
+    return path
 
 
 def claim(path, writer, key="out_dir"):

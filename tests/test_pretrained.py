@@ -353,8 +353,11 @@ def test_eval_harness_reads_a_pretrained_folder(tmp_path):
     tokenizer(V + 5)
     os.remove(os.path.join(folder, "model.safetensors"))  # never reached: the tokenizer is refused first
     before = sorted(os.listdir(folder))
-    r = run(["eval_harness.py", f"--ckpt={folder}", "--tasks=piqa"])  # its default output lies in a run folder only
-    assert r.returncode == 2 and "not a run folder" in r.stderr and "--json=FILE" in r.stderr, r.stderr[-2000:]
+    from conftest import REPO
+    r = run([os.path.join(REPO, "eval_harness.py"), f"--ckpt={folder}", "--tasks=piqa"], cwd=tmp_path)
+    want = os.path.join("out", "results", os.path.basename(folder), "eval_harness.json")  # the project's, said
+    assert r.returncode == 2 and f"not a run folder, so not ours to write into: eval_harness.json goes to {want}" \
+        in r.stderr and os.path.isdir(tmp_path / os.path.dirname(want)), r.stderr[-2000:]
     r = run(["eval_harness.py", f"--ckpt={folder}", "--tasks=piqa", f"--json={tmp_path / 'eval.json'}"])
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr[-2000:]
     assert f"has {V + 5} tokens, more than the model's vocab_size={V}" in r.stderr, r.stderr
