@@ -19,8 +19,8 @@ from compat import upgrade_checkpoint
 from configurator import COMMAND_LINE
 from curriculum import joins_changed
 from model import GPT, GPTConfig
-from pretrained import ARCH_KEYS, CONTINUE_KEYS, check_vocab, from_pretrained, hf_folder, pretrained_architecture
-from tokenizer import tokenizer_for
+from pretrained import ARCH_KEYS, CONTINUE_KEYS, from_pretrained, hf_folder, pretrained_architecture
+from tokenizer import check_vocab, tokenizer_for
 
 
 def content_crc(obj, crc=0):

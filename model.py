@@ -470,7 +470,7 @@ class GPT(nn.Module):
             loop: h). A return value other than None replaces h_next: how probes read every loop and apply Eq. (2).
         sparse_targets: one target per question (QA data): the head and loss run on the rows that have one.
         loops: optional (B,) loop counts 1..n_loop: row b is read after loop loops[b] (train.py's loops_by_hops).
-            Not checked here (a host sync): the caller's data is (train_config.check_with_data).
+            Not checked here (a host sync): the caller's data is (dataloader.check_with_data).
         """
         h = self.hidden(idx, n_loop, hook, loops=loops)  # (B, T, d)
         if targets is None:

@@ -27,7 +27,7 @@ import torch
 
 from common import ConfigError, DataError, read_json
 from model import GPT, GPTConfig
-from tokenizer import HFEncoding
+from tokenizer import folder_tokenizer  # noqa: F401 (eval_harness.py imports it from here; it lives in tokenizer.py)
 
 # The GPTConfig keys a continuation of pretrained weights may set: how the pretrained stack is looped (DiscoLoop's
 # gate and injection norm start fresh; with one loop each leaves the pretrained model as it was), its window, and
@@ -44,29 +44,6 @@ def hf_folder(path):
     """Whether path is a Hugging Face model folder (config.json, no ckpt.pt), not a run folder or a checkpoint."""
     return (isinstance(path, str) and os.path.isdir(path) and os.path.isfile(os.path.join(path, "config.json"))
             and not os.path.exists(os.path.join(path, "ckpt.pt")))
-
-
-def folder_tokenizer(folder, vocab_size):
-    """The tokenizer a Hugging Face folder carries (tokenizer.json; its end of text is tokenizer_config.json's
-    eos_token, '<|endoftext|>' when that file or key is absent), refused in one line when it has ids past the
-    model's vocab_size."""
-    path = os.path.join(folder, "tokenizer.json")
-    if not os.path.isfile(path):
-        raise DataError(f"'{folder}' has no tokenizer.json: a Hugging Face folder is read with its own tokenizer")
-    tok_config = os.path.join(folder, "tokenizer_config.json")
-    eos = read_json(tok_config).get("eos_token") if os.path.isfile(tok_config) else None
-    if isinstance(eos, dict):  # an AddedToken written out: {"content": "<|endoftext|>", ...}
-        eos = eos.get("content")
-    enc = HFEncoding(path, eos if isinstance(eos, str) else "<|endoftext|>")
-    check_vocab(enc.n_vocab, vocab_size, path)
-    return enc
-
-
-def check_vocab(n_tokens, vocab_size, where):
-    """A model can read every id of its tokenizer (more rows than tokens is fine: vocab_size pads the data's)."""
-    if n_tokens > vocab_size:
-        raise DataError(f"{where}: its tokenizer has {n_tokens} tokens, more than the model's vocab_size={vocab_size}: "
-                        f"ids past {vocab_size - 1} have no embedding row (not this model's tokenizer)")
 
 
 def pretrained_architecture(folder):

@@ -30,7 +30,7 @@ from common import (DTYPES, ERRORS, any_rank, autocast, die, out_of_memory, rank
                     stop_on_signals)
 from configurator import configure
 from curriculum import rule_metrics
-from dataloader import open_data, prepare_weights
+from dataloader import check_with_data, open_data, prepare_weights
 from memory import check_fits
 from model import GPT, GPTConfig
 from precision import model_cpu_dtype, resolve_dtype
@@ -95,7 +95,7 @@ try:
               loops_by_hops=loops_by_hops, extra_loops=extra_loops)
     data = open_data(dataset, data_dir, data_args, block_size, eval_iters, seed, split_join, make=master,
                      barrier=torch.distributed.barrier if ddp else None, qa=qa)
-    train_config.check_with_data(config, data)  # keys that need the data: metric names, pos_shift, vocab, the first batch
+    check_with_data(config, data)  # keys that need the data: metric names, pos_shift, vocab, the first batch
     # the checkpoint carries its tokenizer (a vocabulary, a tokenizer.json, or a tiktoken name and hash), so a
     # re-prepared folder or a replaced file cannot make sample.py or the export decode with another one
     tok = data_tokenizer(data)  # None: shards of no generator
