@@ -6,7 +6,6 @@ that is cheap. The one place that picks a prepare script by the dataset's name.
 import importlib
 import os
 
-import train_config
 from common import ConfigError, DataError
 from configurator import merge
 from curriculum import check_against
@@ -87,10 +86,11 @@ def prepare_weights(path):
         prep.prepare(merge(prep.DEFAULTS, {"out_dir": os.path.abspath(path)}, "init_from", prep.CHECKS))
 
 
-def check_with_data(config, data):
+def check_with_data(config, data, defaults):
     """The keys that are checked against the training data (train.py, once the folder is open): metric names,
-    the position shift, the vocabulary, and a first batch that the mix at iteration 0 can fill."""
-    check_data_belongs(config, data)
+    the position shift, the vocabulary, and a first batch that the mix at iteration 0 can fill. defaults: the
+    keys' defaults (train_config's: this module sits below the key file)."""
+    check_data_belongs(config, data, defaults)
     names, val = data.metric_names, [m for m in data.metric_names if "val" in m]
     check_against(config["split_join"], names)
     if config["stop_metric"] and config["stop_metric"] not in names:
@@ -114,14 +114,14 @@ def check_with_data(config, data):
                           f"examples in the mix at iteration 0 of '{config['data_dir']}': allowed at most {first}")
 
 
-def check_data_belongs(config, data):
+def check_data_belongs(config, data, defaults):
     """The data is the one the config and the starting weights mean: Stage-1 splits are asked only of question-answer
     data (data_args against a corpus's folder: dataloader.check_made_with); the tokenizer its shards name is still the one they were made with; an init_from folder's own tokenizer is the
     data's."""
     d, corpus = config["data_dir"], data.kind == "tokens"
-    if corpus and config["stage1_splits"] != train_config.KEYS["stage1_splits"]:
+    if corpus and config["stage1_splits"] != defaults["stage1_splits"]:
         raise ConfigError(f"stage1_splits={config['stage1_splits']!r} names question-answer splits; '{d}' is a token "
-                          f"corpus (no splits): allowed only the default {train_config.KEYS['stage1_splits']!r}")
+                          f"corpus (no splits): allowed only the default {defaults['stage1_splits']!r}")
     check_shards_tokenizer(data.config, d)
     init = config["init_from"]
     if init not in ("scratch", "resume") and hf_folder(init):

@@ -95,7 +95,7 @@ try:
               loops_by_hops=loops_by_hops, extra_loops=extra_loops)
     data = open_data(dataset, data_dir, data_args, block_size, eval_iters, seed, split_join, make=master,
                      barrier=torch.distributed.barrier if ddp else None, qa=qa)
-    check_with_data(config, data)  # keys that need the data: metric names, pos_shift, vocab, the first batch
+    check_with_data(config, data, train_config.KEYS)  # metric names, pos_shift, vocab, the first batch
     # the checkpoint carries its tokenizer (a vocabulary, a tokenizer.json, or a tiktoken name and hash), so a
     # re-prepared folder or a replaced file cannot make sample.py or the export decode with another one
     tok = data_tokenizer(data)  # None: shards of no generator

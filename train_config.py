@@ -131,7 +131,7 @@ def check(config, stated=None):
     if config["keep_every"] % config["eval_interval"]:
         raise ConfigError(f"keep_every={config['keep_every']} is invalid: allowed 0 or a multiple of eval_interval="
                           f"{config['eval_interval']} (checkpoints are written at evaluations)")
-    if config["min_lr"] > config["learning_rate"]:
+    if config["decay_lr"] and config["min_lr"] > config["learning_rate"]:  # a constant rate never reaches min_lr
         raise ConfigError(f"min_lr={config['min_lr']} is above learning_rate={config['learning_rate']}: "
                           "the schedule decays to min_lr, so allowed min_lr <= learning_rate")
     # the model keys' one validator; vocab_size 0 is the data's, checked against it in dataloader.check_with_data

@@ -94,3 +94,14 @@ def test_line_budgets():
     over = {name: n for name, limit in LINE_BUDGETS.items()
             if (n := len(open(os.path.join(REPO, name)).read().splitlines())) > limit}
     assert not over, f"over their line budgets {LINE_BUDGETS}: {over}"
+
+
+def test_the_key_file_is_only_keys_and_train_stands_on_five_floors():
+    """train_config.py (the keys) imports neither the Hugging Face loader nor the tokenizer (the data checks live in
+    dataloader.py, beside open_data); the longest chain of project imports under train.py is five modules."""
+    g = graph()
+    assert not {"pretrained", "tokenizer", "dataloader", "tasks", "shards"} & g["train_config"], sorted(g["train_config"])
+
+    def depth(m, seen=()):
+        return 1 + max((depth(n, seen + (m,)) for n in g.get(m, ()) if n in g and n not in seen), default=0)
+    assert depth("train") <= 5, f"train.py stands on {depth('train')} floors of imports"
