@@ -234,3 +234,19 @@ def test_meta_json_fields_are_read_checked(tmp_path, meta, needle):
     with pytest.raises(DataError, match="meta.json") as e:
         QAData(str(tmp_path))
     assert needle in str(e.value) and "\n" not in str(e.value)
+
+
+def test_precision_is_one_decision_with_its_reason(tmp_path, monkeypatch):
+    """precision.decide_dtype is train.py's one call: what was chosen and why, the model built (and timed) only where
+    a CPU's 'auto' needs it, never for a given dtype, a resumed checkpoint's or a GPU's rule."""
+    from precision import decide_dtype
+    monkeypatch.setenv("DISCOLOOP_DTYPE_CACHE", str(tmp_path / "c.json"))
+    built = []
+    make = lambda: built.append(1) or torch.nn.Linear(2, 2)
+    assert decide_dtype("bfloat16", "cpu", "float32", make) == ("bfloat16", "given", {})
+    assert decide_dtype("auto", "cpu", "bfloat16", make) == ("bfloat16", "the checkpoint's", {})
+    assert decide_dtype("auto", "cpu", None, None) == ("float32", "", {})  # a DDP rank > 0: rank 0's answer follows
+    assert not built
+    monkeypatch.setattr("precision.model_cpu_dtype", lambda m, x, y, a: ("float32", f"timed {type(m).__name__} {x}", {"float32": 1.0}))
+    assert decide_dtype("auto", "cpu", None, make, lambda: ("X", "Y"), {}) == ("float32", "timed Linear X", {"float32": 1.0})
+    assert built == [1]
