@@ -16,6 +16,7 @@ import os
 import sys
 
 from common import DataError, read_json
+from compat import ADDED_SINCE, TRUSTED_SINCE, old_folder
 
 KINDS = ("qa", "tokens", "tasks", "model")  # tasks: lm-eval task YAMLs (data/benchmarks); model: pretrained weights (data/smollm2)
 MODEL_FILES = (".safetensors", ".bin", ".gguf", ".pt", "tokenizer.json", "tokenizer_config.json")  # a model's files
@@ -158,25 +159,28 @@ def foreign_files(out_dir, made):
     return sorted(set(os.listdir(out_dir)) - set(made) - {"meta.json"})
 
 
-def check_ours(out_dir, kind, generator, config, keys, added=()):
+def check_ours(out_dir, kind, generator, config, keys):
     """May data/<generator>/prepare.py (writing `kind` folders from `config`) use out_dir? 'absent' (make it),
-    'same' (made by it with this config), 'upgrade' (made by it with this config before a key in `added` existed);
-    otherwise a DataError naming what the folder is (claim), and nothing is touched."""
+    'same' (made by it with this config), 'upgrade' (its own folder of an older form, compat.old_folder: made
+    again, said in one line); otherwise a DataError naming what the folder is (claim), and nothing is touched."""
     if not claim(out_dir, f"data/{generator}/prepare.py"):
         return "absent"
     meta = read_meta(out_dir)
-    if kind_of(meta) != kind:
+    old = old_folder(meta, generator, keys)
+    if meta.get("kind") is not None and kind_of(meta) != kind:
         raise DataError(f"'{out_dir}' holds {kind_of(meta)!r} data, not {kind!r}: left untouched; choose another folder")
     have = meta.get("config", {})
     for k in keys:
         if k in have and have[k] != config[k]:
             raise DataError(f"'{out_dir}' was prepared with {k}={have[k]!r}, not {config[k]!r}: left untouched; "
                             "delete it or choose another folder")
-    missing = [k for k in keys if k not in have]
-    if set(missing) - set(added):
-        raise DataError(f"'{out_dir}' was prepared without {sorted(set(missing) - set(added))[0]!r}: left untouched; "
+    missing = [k for k in keys if k not in have and k not in ADDED_SINCE.get(generator, ()) + TRUSTED_SINCE.get(generator, ())]
+    if missing:
+        raise DataError(f"'{out_dir}' was prepared without {missing[0]!r}: left untouched; "
                         "delete it or choose another folder")
-    return "upgrade" if missing else "same"
+    if old:
+        print(f"'{out_dir}' was {old}: making it again", file=sys.stderr)
+    return "upgrade" if old else "same"
 
 
 @contextlib.contextmanager

@@ -1,7 +1,18 @@
 """
 open_data: a prepared folder's training data, by the kind its meta.json names (tasks.QAData for question-answer
 folders, shards.TokenData for token shards: one interface), prepared first by data/<dataset>/prepare.py where
-that is cheap. The one place that picks a prepare script by the dataset's name.
+that is cheap. The one place that picks a prepare script by the dataset's name, and so where its contract is:
+
+    DEFAULTS      {key: default}: the script's arguments (its --help), out_dir among them
+    CHECKS        {key: (predicate, what is allowed)}: each argument's one check (configurator.merge runs them)
+    prepare(c)    makes c['out_dir'] (c: DEFAULTS merged with data_args) and records in its meta.json the `kind`
+                  (datafolder.KINDS), the `generator` (the dataset's name) and the `config` it was made from
+    ON_FIRST_USE  True: train.py runs prepare() at every start (a no-op when the folder is this config's; question-
+                  answer sets, seconds); False: only when data_args say how and the folder is not there (a corpus)
+    KIND          optional, 'model': the script makes pretrained model folders (init_from=data/<name>/<folder>)
+
+A question-answer script is its parameters, checks and a build function (tasks.prepare_qa is the sequence).
+Then check_with_data: the training keys that can only be checked against the opened data.
 """
 import importlib
 import os
@@ -24,10 +35,15 @@ def generators():
 
 
 def load_prepare(generator):
-    """data/<generator>/prepare.py as a module (its DEFAULTS, CHECKS, prepare(), ...)."""
+    """data/<generator>/prepare.py as a module, checked to follow the contract (the module docstring)."""
     if generator not in generators():
         raise DataError(f"dataset={generator!r} has no data/{generator}/prepare.py: allowed {generators()}")
-    return importlib.import_module(f"data.{generator}.prepare")
+    prep = importlib.import_module(f"data.{generator}.prepare")
+    lacks = [n for n in ("DEFAULTS", "CHECKS", "prepare", "ON_FIRST_USE") if not hasattr(prep, n)]
+    if lacks:
+        raise DataError(f"data/{generator}/prepare.py lacks {lacks[0]}: a prepare script defines DEFAULTS, CHECKS, "
+                        "prepare(c) and ON_FIRST_USE (dataloader.py's docstring)")
+    return prep
 
 
 def open_data(dataset, data_dir, data_args, block_size, eval_iters, seed, split_join, make=True, barrier=None, qa=None):
