@@ -244,10 +244,11 @@ def training_config(argv, name, doc, extra, checks, need_file=True, need_vocab=T
         if need_file and not any(a.endswith(".py") for a in argv if not a.startswith("--")) and not {"-h", "--help"} & set(argv):
             cmd = name if name.endswith(".py") else f"bench.py {name}"
             raise ConfigError(f"{cmd} needs a training config file, e.g. {cmd} config/pretrain.py")
+        stated = {}  # where each key was set: train_config.check refuses a typed inert key, notes a file's
         c = configure({**train_config.defaults(), **extra}, argv, doc,
                       [*files, __file__, train_config.__file__, sys.modules[GPTConfig.__module__].__file__],
-                      {**train_config.CHECKS, **checks})
-        train_config.check(c)  # the relations of the training keys, and the model keys' one validator (GPTConfig)
+                      {**train_config.CHECKS, **checks}, stated)
+        train_config.check(c, stated)  # train.py's one validator: the training keys' relations, GPTConfig's, inert keys
         if need_vocab and not c["vocab_size"]:
             raise ConfigError("vocab_size=0 (the dataset's) is unknown without the data: set --vocab_size")
         return c

@@ -9,16 +9,18 @@ someone else's file cannot execute their code.
 """
 import os
 import shutil
+import sys
 import zlib
 
 import torch
 
 from common import CheckpointError, atomic_write, tmp_name
 from compat import upgrade_checkpoint
+from configurator import COMMAND_LINE
 from curriculum import joins_changed
 from model import GPT, GPTConfig
-from pretrained import ARCH_KEYS, CONTINUE_KEYS, check_vocab, from_pretrained, hf_folder, pretrained_architecture
-from tokenizer import tokenizer_for
+from pretrained import ARCH_KEYS, CONTINUE_KEYS, from_pretrained, hf_folder, pretrained_architecture
+from tokenizer import check_vocab, tokenizer_for
 
 
 def content_crc(obj, crc=0):
@@ -197,20 +199,26 @@ def config_mismatch(saved, wanted, keys):
 def load_branch(path, config, stated=()):
     """init_from=<folder>: the starting weights of a new run, with its own optimizer and schedule (a resume stays
     strict). A run folder or checkpoint file gives its weights (and its weight average); a Hugging Face folder gives
-    pretrained.from_pretrained's: the folder decides the architecture (pretrained.ARCH_KEYS; one the config file or
-    command line states, `stated`, at another value is refused naming both), the config the rest (CONTINUE_KEYS:
-    the recurrence, the window, ...). Returns (model state, weight-average state or None, {model key: value} the
+    pretrained.from_pretrained's: the folder decides the architecture (pretrained.ARCH_KEYS: a config file's value
+    is replaced, one line each; one typed on the command line, `stated`, at another value is refused naming both),
+    the config the rest (CONTINUE_KEYS: the recurrence, the window, ...). Returns (model state, weight-average state or None, {model key: value} the
     config must take, facts for config.json)."""
     if hf_folder(path):
-        keys = {k: config[k] for k in config if k in CONTINUE_KEYS or (k in ARCH_KEYS and k in stated)}
+        stated = stated if isinstance(stated, dict) else dict.fromkeys(stated, COMMAND_LINE)
+        typed = {k for k, where in stated.items() if where == COMMAND_LINE}  # a conflict the user typed is refused
+        keys = {k: config[k] for k in config if k in CONTINUE_KEYS or (k in ARCH_KEYS and k in typed)}
         try:
             kind = pretrained_architecture(path)[0]
             model = from_pretrained(path, **keys)
         except ValueError as e:  # the folder's one-line errors, a conflict, a recurrence key it cannot take
             raise CheckpointError(f"init_from={path!r}: {e}") from None
         args = {f: getattr(model.config, f) for f in GPTConfig.defaults()}
+        replaced = {k: [config[k], args[k]] for k in ARCH_KEYS if k in stated and k not in typed and config[k] != args[k]}
+        for k, (was, now) in replaced.items():  # nanoGPT's init_from: the pretrained architecture over a config file's
+            print(f"note: {k}={now!r} from {path} replaces {k}={was!r} of {stated[k]} (the folder decides its "
+                  "architecture)", file=sys.stderr)
         return model.state_dict(), None, args, {"init_from": path, "init_kind": f"Hugging Face {kind}",
-                                                "init_fresh": model.pretrained_fresh}
+                                                "init_fresh": model.pretrained_fresh, "init_replaced": replaced}
     if not os.path.exists(path):
         raise CheckpointError(f"init_from={path!r} is not 'scratch', 'resume', a run folder, a checkpoint or a Hugging "
                               "Face model folder: nothing there")

@@ -1,7 +1,8 @@
 """
-Back-compat in one place: what older config files, command lines and checkpoints said, read as today's. Every reader
-of those (configurator.py for config files and command lines, checkpoint.load_checkpoint for checkpoints) goes
-through here, so retiring an old form is one deletion in this file.
+Back-compat in one place: what older config files, command lines, checkpoints and data folders said, read as today's.
+Every reader of those (configurator.py for config files and command lines, checkpoint.load_checkpoint for checkpoints,
+datafolder.check_ours for a prepare script's own folders) goes through here, so retiring an old form is one deletion
+in this file.
 """
 
 # keys renamed since: Phi's settings drive PonderLM as well as DiscoLoop, so they are not called disco_*
@@ -26,3 +27,20 @@ def upgrade_checkpoint(ckpt):
         if isinstance(ckpt.get(key), dict):
             ckpt[key] = {k.removeprefix("_orig_mod."): v for k, v in ckpt[key].items()}
     return ckpt
+
+
+# a prepare script's config keys added since its first folders: a folder it made without them is its own, made again
+# (a QA folder: its other splits come out byte-identical, generation is deterministic and new keys only add splits)
+ADDED_SINCE = {"symbolic": ("n_val", "pad_left"), "nl": ("n_val", "pad_left")}
+# ... or kept, taken on trust (token shards without their tokenizer's hash: remaking a corpus is a job; train.py and
+# the prepare script say so)
+TRUSTED_SINCE = {"pretrain": ("tokenizer_sha256",)}
+
+
+def old_folder(meta, generator, keys):
+    """Why a prepare script's own folder is of an older form and is made again ('' if it is today's): meta.json
+    from before it recorded its `kind`, or a config without a key added since (ADDED_SINCE)."""
+    if meta.get("kind") is None:
+        return "made before meta.json recorded its kind"
+    missing = [k for k in keys if k not in meta.get("config", {}) and k in ADDED_SINCE.get(generator, ())]
+    return f"made before {missing[0]!r} existed" if missing else ""

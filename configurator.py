@@ -8,7 +8,9 @@ a config that derives from another says so first, in nanoGPT's own words, then l
 
     exec(open(sibling("symbolic.py")).read())  # config/symbolic.py, then this file's changes
 
-(`sibling(name)` is the path of `name` beside the config file, so this works from any directory).
+(`sibling(name)` is the path of `name` beside the file that says it; a plain `open("x.py")` is looked up beside that
+file first, then in the current folder, so a parent is found whoever runs it and from wherever; a missing parent or
+a cycle is one line).
 Then each --key=value is parsed with ast.literal_eval (bare words stay strings). Every key must
 already exist in the defaults and keep its type (an int is accepted where a float is expected).
 Any mistake is a ConfigError with one line naming the bad key or value; scripts turn it into an
@@ -108,6 +110,35 @@ def check(config, checks):
                 raise ConfigError(f"{k}={config[k]!r} is invalid: allowed {allowed}")
 
 
+def inert(config, defaults, active):
+    """{key: why} for every key set away from its default that has no effect in the resolved config. `active` is
+    each owner's declaration of when its keys act (GPTConfig.ACTIVE, train_config.ACTIVE): {key or family prefix
+    ending in '_': (predicate over the config, what it needs, a format string over the config)}; a prefix covers
+    every key of its family, those added later too. A key is inert when a rule covering it is false."""
+    out = {}
+    for k, v in config.items():
+        if k not in defaults or v == defaults[k]:
+            continue
+        for name, (ok, needs) in active.items():
+            if (k == name or (name.endswith("_") and k.startswith(name))) and not ok(config):
+                out[k] = f"{k}={v!r} has no effect: it needs {needs.format(**config)}"
+                break
+    return out
+
+
+def check_inert(config, defaults, active, stated):
+    """Inert keys (inert()): one typed on the command line is a ConfigError (the user asked for something that would
+    not happen); one a config file set (an override made it inert) is a note on stderr. Returns {key: why}, for
+    config.json."""
+    found = inert(config, defaults, active)
+    typed = [k for k in found if stated.get(k) == COMMAND_LINE]
+    if typed:
+        raise ConfigError(f"{found[typed[0]]}: drop --{typed[0]}, or set what it needs")
+    for k, why in found.items():
+        print(f"note: {why} (set in {stated.get(k, 'the weights')})", file=sys.stderr)
+    return found
+
+
 def cli(fn, defaults, argv, doc="", source=None, checks=None):
     """A script's main: configure(), then fn(config); a one-line error from either is exit 2."""
     try:
@@ -163,16 +194,85 @@ def print_help(defaults, doc="", source=None):
     for k, v in defaults.items():
         print(f"  {f'--{k}={v!r}':<{width}}  {meanings.get(k, '')}".rstrip())
 
+COMMAND_LINE = "command line"
+
+
+class _Text(str):
+    """A config file's text, remembering its path: exec() of it runs it as that file (its parents beside it)."""
+    def __new__(cls, text, path):
+        obj = super().__new__(cls, text)
+        obj.path = path
+        return obj
+
+
+class _ConfigFile:
+    """open() of a config file inside a config file: read() gives a _Text; everything else is the file's."""
+    def __init__(self, f, path):
+        self.f, self.path = f, path
+
+    def read(self, *a):
+        return _Text(self.f.read(*a), self.path)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.f.close()
+
+    def __getattr__(self, name):
+        return getattr(self.f, name)
+
+
+def _config_namespace(top):
+    """The namespace config files run in: `open` and `sibling` look beside the file running now (then, for open,
+    in the current folder: nanoGPT's own lookup), `exec` of a file's text runs it as that file; a missing parent
+    or a file that executes itself again (a cycle) is a one-line ConfigError naming the chain."""
+    chain = []
+
+    def here():
+        return os.path.dirname(chain[-1]) if chain else os.path.dirname(os.path.abspath(top))
+
+    def sibling(name):
+        return os.path.join(here(), name)
+
+    def open_(name, mode="r", *a, **k):
+        path = name
+        if isinstance(name, str) and not os.path.isabs(name):
+            beside = os.path.join(here(), name)
+            path = beside if os.path.exists(beside) or not os.path.exists(name) else name
+        if isinstance(path, str) and "r" in mode and "b" not in mode and "+" not in mode and not os.path.exists(path):
+            raise ConfigError(f"config file '{chain[-1] if chain else top}' names a parent '{name}' that is neither "
+                              f"beside it ({os.path.join(here(), name)}) nor in the current folder")
+        f = open(path, mode, *a, **k)
+        return _ConfigFile(f, os.path.abspath(path)) if "b" not in mode and set(mode) <= {"r", "t"} else f
+
+    def exec_(source, globals_=None, locals_=None):
+        path = getattr(source, "path", None)
+        if path is None:  # not a file's text: Python's exec as it is
+            return exec(source, namespace if globals_ is None else globals_, locals_)
+        if path in chain:
+            short = [os.path.relpath(p) if not os.path.relpath(p).startswith("..") else p for p in chain + [path]]
+            raise ConfigError(f"config files execute each other in a cycle: {' -> '.join(short)}")
+        chain.append(path)
+        try:
+            exec(compile(source, path, "exec"), namespace if globals_ is None else globals_, locals_)
+        finally:
+            chain.pop()
+
+    namespace = {"sibling": sibling, "open": open_, "exec": exec_}  # functions: not keys
+    return namespace
+
 
 def configure(defaults, argv, doc="", source=None, checks=None, stated=None):
     """Return a new dict: defaults updated by config files and --key=value overrides in argv.
     -h / --help prints `doc`, every key with its default and the comment on its line in `source`,
-    and exits 0. stated: a set that receives every key a config file or the command line sets, so that a
-    caller can tell a stated value from a default (train.py: what a pretrained folder may decide)."""
+    and exits 0. stated: a dict that receives {key: where it was set} (a config file's path, or COMMAND_LINE) for
+    every key a config file or the command line sets, so that a caller can tell a stated value from a default and
+    a typed one from a file's (train.py: what a pretrained folder may decide; inert keys: refused or noted)."""
     if "-h" in argv or "--help" in argv:
         print_help(defaults, doc, source)
         sys.exit(0)
-    config, stated = dict(defaults), set() if stated is None else stated
+    config, stated = dict(defaults), {} if stated is None else stated
     given = {a[2:].split("=", 1)[0] for a in argv if a.startswith("--") and "=" in a}
     for arg in argv:
         if not arg.startswith("--"):
@@ -180,18 +280,19 @@ def configure(defaults, argv, doc="", source=None, checks=None, stated=None):
                 raise ConfigError(f"config file '{arg}' is a directory, not a Python config file")
             if not os.path.isfile(arg):
                 raise ConfigError(f"config file '{arg}' not found")
-            folder = os.path.dirname(os.path.abspath(arg))
-            namespace = {"sibling": lambda name: os.path.join(folder, name)}  # a function: not a key
+            namespace = _config_namespace(arg)
             try:
                 with open(arg) as f:
-                    exec(compile(f.read(), arg, "exec"), namespace)
+                    namespace["exec"](_Text(f.read(), os.path.abspath(arg)))
+            except ConfigError:
+                raise
             except Exception as e:  # a broken config file is the user's bad input, say where
                 raise ConfigError(f"config file '{arg}' failed: {type(e).__name__}: {e}") from None
             keys = {k for k, v in namespace.items()
                     if not k.startswith("_") and type(v).__name__ not in ("module", "function", "type")}
             for key in keys:
                 _set(config, key, _check(key, namespace[key], defaults, arg), arg, keys)
-            stated.update(RENAMED.get(k, k) for k in keys)
+            stated.update({RENAMED.get(k, k): arg for k in keys})
         else:
             if "=" not in arg:
                 raise ConfigError(f"override '{arg}' must look like --key=value")
@@ -200,6 +301,6 @@ def configure(defaults, argv, doc="", source=None, checks=None, stated=None):
             if isinstance(defaults.get(key), str) and not isinstance(value, str):
                 value = text  # --wandb_run_name=123 means the string "123"
             _set(config, key, _check(key, value, defaults, "command line"), "command line", given)
-            stated.add(RENAMED.get(key, key))
+            stated[RENAMED.get(key, key)] = COMMAND_LINE
     check(config, checks or {})
     return config

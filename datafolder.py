@@ -13,21 +13,60 @@ Anything else is nobody's we know, and is left untouched.
 import contextlib
 import fcntl
 import os
+import sys
 
 from common import DataError, read_json
+from compat import ADDED_SINCE, TRUSTED_SINCE, old_folder
 
 KINDS = ("qa", "tokens", "tasks", "model")  # tasks: lm-eval task YAMLs (data/benchmarks); model: pretrained weights (data/smollm2)
 MODEL_FILES = (".safetensors", ".bin", ".gguf", ".pt", "tokenizer.json", "tokenizer_config.json")  # a model's files
 
 
+def _pairs(v):  # a split's shard list: [[file name, token count], ...]
+    return isinstance(v, list) and all(isinstance(p, list) and len(p) == 2 and isinstance(p[0], str)
+                                       and type(p[1]) is int and p[1] >= 0 for p in v)
+
+
+_STR, _INT1 = (lambda v: isinstance(v, str), "a string"), (lambda v: type(v) is int and v >= 1, "an integer >= 1")
+_INT0 = (lambda v: type(v) is int and v >= 0, "an integer >= 0")
+# Every meta.json field a reader uses, by the kind the file names: (field, required?, (predicate, what is allowed));
+# 'config.x' is a field of its 'config' object (the prepare script's arguments). One reader checks them all.
+META_FIELDS = {
+    None: [("config", False, (lambda v: isinstance(v, dict), "an object")), ("generator", False, _STR)],
+    "tokens": [("shards", True, (lambda v: isinstance(v, dict) and all(_pairs(x) for x in v.values()),
+                                 "an object of splits, each a list of [file, token count]")),
+               ("dtype", True, (lambda v: v in ("uint16", "uint32"), "'uint16' or 'uint32'")),
+               ("vocab_size", True, _INT1), ("eot", False, _INT0), ("encoding", False, _STR),
+               ("config.encoding", False, _STR), ("config.tokenizer_file", False, _STR),
+               ("config.tiktoken_file", False, _STR), ("config.tokenizer_eot", False, _STR),
+               ("config.tokenizer_sha256", False, (lambda v: isinstance(v, str) and len(v) == 64, "a sha256 hex string"))],
+    "qa": [("splits", True, (lambda v: isinstance(v, dict) and v and all(
+               isinstance(i, dict) and isinstance(i.get("file"), str) and isinstance(i.get("train"), bool)
+               and type(i.get("hops", 1)) is int for i in v.values()),
+               "an object of splits, each with a 'file' name and 'train' true or false")),
+           ("vocab", True, (lambda v: isinstance(v, list) and v and all(isinstance(t, str) for t in v),
+                            "a list of token strings")),
+           ("checksums", False, (lambda v: isinstance(v, dict), "an object"))],
+}
+
+
 def read_meta(data_dir):
-    """meta.json as a dict, or a one-line DataError (missing, not JSON, not an object)."""
+    """meta.json as a dict, or a one-line DataError naming the file and the field: missing, not JSON, not an
+    object, a field a reader uses missing or of the wrong type or shape (META_FIELDS, by the kind it names)."""
     path = os.path.join(data_dir, "meta.json")
     if not os.path.isfile(path):
         raise DataError(f"no prepared dataset at '{data_dir}' (missing meta.json)")
     meta = read_json(path)
-    if not isinstance(meta.get("config", {}), dict):
-        raise DataError(f"'{path}' is not a dataset description (a JSON object with 'config')")
+    for field, required, (ok, allowed) in META_FIELDS[None] + META_FIELDS.get(meta.get("kind"), []):
+        *parent, name = field.split(".")
+        where = meta.get(parent[0], {}) if parent else meta
+        if name not in where:
+            if required:
+                raise DataError(f"'{path}' lacks '{field}' (a {meta['kind']} folder's): prepare the folder again")
+            continue
+        if not ok(where[name]):
+            raise DataError(f"'{path}': {field}={str(where[name])[:60]!r} is invalid: allowed {allowed} (damaged: "
+                            "prepare the folder again)")
     return meta
 
 
@@ -83,13 +122,21 @@ def owner(path):
 
 def beside_checkpoint(ckpt, name, key="json"):
     """Where a probe or an evaluation of `ckpt` (a run folder or a checkpoint file in one) writes `name` by default:
-    into that run folder, train.py's (claim); a Hugging Face or any other folder is one line asking for --json."""
+    into that run folder, train.py's (claim); a Hugging Face or any other folder is not ours to write into, so
+    out/results/<its name>/ under the current folder (the project's output root), made now and said in one line."""
     folder = ckpt if os.path.isdir(ckpt) else os.path.dirname(ckpt) or "."
     who = owner(folder) if os.path.exists(ckpt) else "train.py"  # a missing checkpoint: its reader's one line
-    if who != "train.py":
-        raise DataError(f"'{folder}' is {f'a folder of {who}' if who else 'empty'}, not a run folder: writing {name} there is not ours to "
-                        f"do; pass --{key}=FILE")
-    return os.path.join(folder, name)
+    if who == "train.py":
+        return os.path.join(folder, name)
+    own = os.path.join("out", "results", os.path.basename(os.path.abspath(folder)))
+    try:
+        os.makedirs(own, exist_ok=True)
+    except OSError as e:
+        raise DataError(f"cannot make '{own}' for {name} ({e.strerror}): pass --{key}=FILE") from None
+    path = os.path.join(own, name)
+    print(f"note: '{folder}' is {f'a folder of {who}' if who else 'empty'}, not a run folder, so not ours to write "
+          f"into: {name} goes to {path} (--{key}=FILE chooses)", file=sys.stderr)
+    return path
 
 
 def claim(path, writer, key="out_dir"):
@@ -112,25 +159,28 @@ def foreign_files(out_dir, made):
     return sorted(set(os.listdir(out_dir)) - set(made) - {"meta.json"})
 
 
-def check_ours(out_dir, kind, generator, config, keys, added=()):
+def check_ours(out_dir, kind, generator, config, keys):
     """May data/<generator>/prepare.py (writing `kind` folders from `config`) use out_dir? 'absent' (make it),
-    'same' (made by it with this config), 'upgrade' (made by it with this config before a key in `added` existed);
-    otherwise a DataError naming what the folder is (claim), and nothing is touched."""
+    'same' (made by it with this config), 'upgrade' (its own folder of an older form, compat.old_folder: made
+    again, said in one line); otherwise a DataError naming what the folder is (claim), and nothing is touched."""
     if not claim(out_dir, f"data/{generator}/prepare.py"):
         return "absent"
     meta = read_meta(out_dir)
-    if kind_of(meta) != kind:
+    old = old_folder(meta, generator, keys)
+    if meta.get("kind") is not None and kind_of(meta) != kind:
         raise DataError(f"'{out_dir}' holds {kind_of(meta)!r} data, not {kind!r}: left untouched; choose another folder")
     have = meta.get("config", {})
     for k in keys:
         if k in have and have[k] != config[k]:
             raise DataError(f"'{out_dir}' was prepared with {k}={have[k]!r}, not {config[k]!r}: left untouched; "
                             "delete it or choose another folder")
-    missing = [k for k in keys if k not in have]
-    if set(missing) - set(added):
-        raise DataError(f"'{out_dir}' was prepared without {sorted(set(missing) - set(added))[0]!r}: left untouched; "
+    missing = [k for k in keys if k not in have and k not in ADDED_SINCE.get(generator, ()) + TRUSTED_SINCE.get(generator, ())]
+    if missing:
+        raise DataError(f"'{out_dir}' was prepared without {missing[0]!r}: left untouched; "
                         "delete it or choose another folder")
-    return "upgrade" if missing else "same"
+    if old:
+        print(f"'{out_dir}' was {old}: making it again", file=sys.stderr)
+    return "upgrade" if old else "same"
 
 
 @contextlib.contextmanager

@@ -1,16 +1,31 @@
 """
 open_data: a prepared folder's training data, by the kind its meta.json names (tasks.QAData for question-answer
 folders, shards.TokenData for token shards: one interface), prepared first by data/<dataset>/prepare.py where
-that is cheap. The one place that picks a prepare script by the dataset's name.
+that is cheap. The one place that picks a prepare script by the dataset's name, and so where its contract is:
+
+    DEFAULTS      {key: default}: the script's arguments (its --help), out_dir among them
+    CHECKS        {key: (predicate, what is allowed)}: each argument's one check (configurator.merge runs them)
+    prepare(c)    makes c['out_dir'] (c: DEFAULTS merged with data_args) and records in its meta.json the `kind`
+                  (datafolder.KINDS), the `generator` (the dataset's name) and the `config` it was made from
+    ON_FIRST_USE  True: train.py runs prepare() at every start (a no-op when the folder is this config's; question-
+                  answer sets, seconds); False: only when data_args say how and the folder is not there (a corpus)
+    KIND          optional, 'model': the script makes pretrained model folders (init_from=data/<name>/<folder>)
+
+A question-answer script is its parameters, checks and a build function (tasks.prepare_qa is the sequence).
+Then check_with_data: the training keys that can only be checked against the opened data.
 """
 import importlib
 import os
 
-from common import DataError
+from common import ConfigError, DataError
 from configurator import merge
+from curriculum import check_against
 from datafolder import kind_of, read_meta
+from model import RECURRENCES, GPTConfig
+from pretrained import hf_folder
 from shards import TokenData
 from tasks import QAData
+from tokenizer import check_folder_tokenizer, check_shards_tokenizer
 
 REPO = os.path.dirname(os.path.abspath(__file__))
 
@@ -20,10 +35,15 @@ def generators():
 
 
 def load_prepare(generator):
-    """data/<generator>/prepare.py as a module (its DEFAULTS, CHECKS, prepare(), ...)."""
+    """data/<generator>/prepare.py as a module, checked to follow the contract (the module docstring)."""
     if generator not in generators():
         raise DataError(f"dataset={generator!r} has no data/{generator}/prepare.py: allowed {generators()}")
-    return importlib.import_module(f"data.{generator}.prepare")
+    prep = importlib.import_module(f"data.{generator}.prepare")
+    lacks = [n for n in ("DEFAULTS", "CHECKS", "prepare", "ON_FIRST_USE") if not hasattr(prep, n)]
+    if lacks:
+        raise DataError(f"data/{generator}/prepare.py lacks {lacks[0]}: a prepare script defines DEFAULTS, CHECKS, "
+                        "prepare(c) and ON_FIRST_USE (dataloader.py's docstring)")
+    return prep
 
 
 def open_data(dataset, data_dir, data_args, block_size, eval_iters, seed, split_join, make=True, barrier=None, qa=None):
@@ -47,9 +67,28 @@ def open_data(dataset, data_dir, data_args, block_size, eval_iters, seed, split_
     if kind_of(meta) == "tokens":
         if split_join:
             raise DataError(f"split_join={split_join!r} is for QA datasets; a token corpus has no splits to join")
+        if data_args:
+            check_made_with(prep.DEFAULTS, data_args, meta.get("config", {}), data_dir)
         return TokenData(data_dir, block_size, eval_iters, seed)
     # a join by rule ('acc/val_id>=0.9') is not known yet: the split waits until train.py sets it
     return QAData(data_dir, block_size, {s: None if isinstance(j, str) else j for s, j in split_join.items()}, **(qa or {}))
+
+
+def check_made_with(defaults, data_args, have, data_dir):
+    """A token corpus is prepared once: data_args (its script's defaults where they are silent, as a prepare would
+    take them) that say otherwise than the folder's record in any field would be ignored, so are refused in one
+    line. Fields the folder does not record (max_tokens, num_proc) are not compared."""
+    want = {**defaults, **data_args}
+    for k in [*data_args, *(k for k in have if k not in data_args)]:
+        if k not in have or k not in want or k == "out_dir":
+            continue
+        v, h = want[k], have[k]
+        same_path = isinstance(v, str) and isinstance(h, str) and v and h and os.path.abspath(v) == os.path.abspath(h)
+        if v != h and not same_path:
+            said = "" if k in data_args else " (the script's default where data_args are silent)"
+            raise ConfigError(f"data_args {k}={v!r}{said}, but data_dir '{data_dir}' holds shards made with {k}={h!r}: "
+                              "a corpus is prepared once, so data_args would be ignored; allowed the folder's value, "
+                              "another data_dir, or --data_args={} (the folder as it is)")
 
 
 def prepare_weights(path):
@@ -61,3 +100,61 @@ def prepare_weights(path):
     prep = load_prepare(rel[0])
     if getattr(prep, "KIND", None) == "model":
         prep.prepare(merge(prep.DEFAULTS, {"out_dir": os.path.abspath(path)}, "init_from", prep.CHECKS))
+
+
+def check_with_data(config, data, defaults):
+    """The keys that are checked against the training data (train.py, once the folder is open): metric names,
+    the position shift, the vocabulary, and a first batch that the mix at iteration 0 can fill. defaults: the
+    keys' defaults (train_config's: this module sits below the key file)."""
+    check_data_belongs(config, data, defaults)
+    names, val = data.metric_names, [m for m in data.metric_names if "val" in m]
+    check_against(config["split_join"], names)
+    if config["stop_metric"] and config["stop_metric"] not in names:
+        raise ConfigError(f"stop_metric={config['stop_metric']!r} is not among this dataset's metrics: {val}")
+    shift, block = config["pos_shift"], config["block_size"]
+    if shift and data.seq_len + shift > block:
+        raise ConfigError(f"pos_shift={shift} with training sequences of {data.seq_len} tokens needs block_size >= "
+                          f"{data.seq_len + shift}, not {block}")
+    if config["vocab_size"] and config["vocab_size"] < data.vocab_size:
+        raise ConfigError(f"vocab_size={config['vocab_size']} is smaller than the dataset's vocabulary ({data.vocab_size})")
+    try:  # vocab_size 0 is the data's: the model keys' one validator again, at that size (phi_topk <= it)
+        GPTConfig.from_dict({**config, "vocab_size": config["vocab_size"] or data.vocab_size})
+    except ValueError as e:
+        raise ConfigError(f"{e} (the vocabulary of '{config['data_dir']}')") from None
+    if config["loops_by_hops"] or config["extra_loops"]:
+        check_loops_by_hops(config, data)
+    first = int((data.row_join == 0).sum()) if data.kind == "qa" else None  # QA: examples in the mix at 0
+    batch, accum = config["batch_size"], config["gradient_accumulation_steps"]
+    if first is not None and batch * accum > first:
+        raise ConfigError(f"batch_size={batch} x gradient_accumulation_steps={accum} is more than the {first} training "
+                          f"examples in the mix at iteration 0 of '{config['data_dir']}': allowed at most {first}")
+
+
+def check_data_belongs(config, data, defaults):
+    """The data is the one the config and the starting weights mean: Stage-1 splits are asked only of question-answer
+    data (data_args against a corpus's folder: dataloader.check_made_with); the tokenizer its shards name is still the one they were made with; an init_from folder's own tokenizer is the
+    data's."""
+    d, corpus = config["data_dir"], data.kind == "tokens"
+    if corpus and config["stage1_splits"] != defaults["stage1_splits"]:
+        raise ConfigError(f"stage1_splits={config['stage1_splits']!r} names question-answer splits; '{d}' is a token "
+                          f"corpus (no splits): allowed only the default {defaults['stage1_splits']!r}")
+    check_shards_tokenizer(data.config, d)
+    init = config["init_from"]
+    if init not in ("scratch", "resume") and hf_folder(init):
+        check_folder_tokenizer(init, data, d)
+
+
+def check_loops_by_hops(config, data):
+    """loops_by_hops reads a k-hop question after k loops: QA data, and k loops that the model can run."""
+    if not config["loops_by_hops"]:
+        raise ConfigError(f"extra_loops={config['extra_loops']} adds loops to loops_by_hops's; allowed 0 without it")
+    if data.kind != "qa":
+        raise ConfigError("loops_by_hops=True is for question-answer data (a k-hop question after k loops); "
+                          f"'{config['data_dir']}' is a token corpus")
+    K, copies, extra = config["n_loop"], RECURRENCES[config["recurrence"]].copies, config["extra_loops"]
+    for s in data.splits:  # training rows: hops + up to extra_loops loops; evaluation: k loops for k hops
+        need = data.hops(s) + (extra if s in data.train_splits else 0)
+        if need > K and (s in data.train_splits or copies):
+            raise ConfigError(f"loops_by_hops=True: split {s!r} needs {need} loops ({data.hops(s)} hops"
+                              f"{f' + extra_loops={extra}' if s in data.train_splits and extra else ''}), more than "
+                              f"n_loop={K} {'untied copies' if copies else 'trained loops'}: allowed n_loop >= {need}")

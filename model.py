@@ -15,6 +15,7 @@ tie_embeddings=False, for pretrained checkpoints: Phi decodes with it and encode
 per_loop_norm (Ouro's modeling_ouro.py): ln_f is applied to every loop's output and the normed state feeds the next
 loop; the head and Phi read it as it is. DiscoLoop's order is then: h = ln_f(f(H~)), Phi(h), H~ = h + a RMSNorm(Phi(h)).
 """
+import importlib
 import math
 from dataclasses import dataclass, fields
 
@@ -96,6 +97,17 @@ class GPTConfig:
     label_smoothing: float = 0.0  # label smoothing of the training loss
     loss_chunk: int = 1024     # positions per chunk of the head + cross-entropy (0 = all): bounds the (chunk, V) logits
     activation_checkpointing: str = "none"  # "block": keep only each block's input, recompute the block in backward
+    # when a key acts (configurator.inert: train.py and bench.py refuse a typed inert key, note a config file's): a
+    # key or a family prefix ('phi_': every Phi key, later ones too) -> (predicate over the keys, what it needs)
+    ACTIVE = {"phi_": (lambda c: RECURRENCES[c["recurrence"]].phi, "a recurrence that decodes Phi ('disco' or "
+                       "'ponder'), not recurrence={recurrence!r}"),
+              "disco_": (lambda c: c["recurrence"] == "disco", "recurrence='disco', not {recurrence!r}"),
+              "ponder_": (lambda c: c["recurrence"] == "ponder", "recurrence='ponder', not {recurrence!r}"),
+              "phi_kernel": (lambda c: c["phi_topk"] > 0, "top-k Phi (phi_topk > 0); exact Phi has no kernel"),
+              "disco_alpha": (lambda c: c["disco_gate"] == "fixed", "disco_gate='fixed', not {disco_gate!r}"),
+              "pos_every_loop": (lambda c: c["pos_emb"] == "learned", "pos_emb='learned', not {pos_emb!r}"),
+              "rope_theta": (lambda c: c["pos_emb"] == "rope", "pos_emb='rope', not {pos_emb!r}"),
+              "qkv_bias": (lambda c: not c["bias"], "bias=False (bias=True already has q, k, v biases)")}
 
     def __post_init__(self):
         def bad(name, allowed):
@@ -303,6 +315,17 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
+    @classmethod
+    def from_pretrained(cls, folder, override_args=None, **overrides):
+        """nanoGPT's entry point, for a forker: a Hugging Face GPT-2/Llama/Qwen2 folder as a GPT through the project's
+        pretrained.py, looked up at call time (model.py copied alone imports and runs without it)."""
+        try:
+            loader = importlib.import_module("pretrained")  # at call time, by name: model.py imports nothing of ours
+        except ImportError:
+            raise ImportError("GPT.from_pretrained reads Hugging Face folders with the discoloop project's "
+                              "pretrained.py, which is not importable here: copy it beside model.py") from None
+        return loader.from_pretrained(folder, **(override_args or {}), **overrides)
+
     def __init__(self, config):
         super().__init__()
         self.config = config
@@ -447,7 +470,7 @@ class GPT(nn.Module):
             loop: h). A return value other than None replaces h_next: how probes read every loop and apply Eq. (2).
         sparse_targets: one target per question (QA data): the head and loss run on the rows that have one.
         loops: optional (B,) loop counts 1..n_loop: row b is read after loop loops[b] (train.py's loops_by_hops).
-            Not checked here (a host sync): the caller's data is (train_config.check_with_data).
+            Not checked here (a host sync): the caller's data is (dataloader.check_with_data).
         """
         h = self.hidden(idx, n_loop, hook, loops=loops)  # (B, T, d)
         if targets is None:

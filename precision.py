@@ -162,6 +162,23 @@ def auto_cpu_dtype():
     return cached_cpu_dtype("a 128x512 MLP", lambda: pick_cpu_dtype(cpu_has_bf16_flag()))[0]
 
 
+def decide_dtype(asked, device, kept=None, make_model=None, batch=None, model_args=None):
+    """train.py's one decision of its precision: (dtype, why, {dtype: seconds timed}). asked: the dtype key; kept: a
+    resumed checkpoint's (a resume keeps it: bit-identical); a GPU: the device's rule; a CPU with 'auto': THIS
+    model's training step timed (make_model(), on batch() = (x, y); model_cpu_dtype), or make_model None: a DDP
+    rank other than 0, whose answer rank 0's replaces."""
+    if asked != "auto":
+        return asked, "given", {}
+    if kept:
+        return kept, "the checkpoint's", {}
+    if not device.startswith("cpu"):
+        return resolve_dtype("auto", device), "the device's", {}
+    if make_model is None:
+        return "float32", "", {}
+    x, y = batch()
+    return model_cpu_dtype(make_model(), x, y, model_args)
+
+
 def resolve_dtype(dtype, device):
     """'auto' -> a concrete dtype name for this device (see the module docstring)."""
     if dtype != "auto":

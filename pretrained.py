@@ -12,20 +12,22 @@ Face's rotate_half is model.apply_rope: the weights load as they are), grouped-q
 pytorch_model.bin[.index.json], read with weights_only (pickled objects are refused, never run).
 
 The folder decides its architecture: every GPTConfig key but CONTINUE_KEYS. A caller that sets an architecture key
-to another value (train.py: a config file or the command line, `--init_from=<folder>`) is a one-line ConfigError
-naming both values. This is the one reader of such a folder (checkpoint.load_branch, eval_harness.py): whatever is
+to another value (train.py: the command line, `--init_from=<folder>`; a config file's values give way) is a one-line
+ConfigError naming both values. A folder that says its head is tied but stores its own lm_head.weight loads untied,
+with a warning, as transformers loads it. Every error is a ValueError (common.py's classes), as a library's are. This is the one reader of such a folder (checkpoint.load_branch, eval_harness.py): whatever is
 wrong inside it (a missing or unreadable file, JSON of the wrong shape, a truncated or pickled weights file,
 weights that do not fit) is a one-line DataError naming the file. Callers catch ValueError.
 """
+import importlib
 import math
 import os
+import sys
 
 import numpy as np
 import torch
 
 from common import ConfigError, DataError, read_json
 from model import GPT, GPTConfig
-from tokenizer import HFEncoding
 
 # The GPTConfig keys a continuation of pretrained weights may set: how the pretrained stack is looped (DiscoLoop's
 # gate and injection norm start fresh; with one loop each leaves the pretrained model as it was), its window, and
@@ -42,29 +44,6 @@ def hf_folder(path):
     """Whether path is a Hugging Face model folder (config.json, no ckpt.pt), not a run folder or a checkpoint."""
     return (isinstance(path, str) and os.path.isdir(path) and os.path.isfile(os.path.join(path, "config.json"))
             and not os.path.exists(os.path.join(path, "ckpt.pt")))
-
-
-def folder_tokenizer(folder, vocab_size):
-    """The tokenizer a Hugging Face folder carries (tokenizer.json; its end of text is tokenizer_config.json's
-    eos_token, '<|endoftext|>' when that file or key is absent), refused in one line when it has ids past the
-    model's vocab_size."""
-    path = os.path.join(folder, "tokenizer.json")
-    if not os.path.isfile(path):
-        raise DataError(f"'{folder}' has no tokenizer.json: a Hugging Face folder is read with its own tokenizer")
-    tok_config = os.path.join(folder, "tokenizer_config.json")
-    eos = read_json(tok_config).get("eos_token") if os.path.isfile(tok_config) else None
-    if isinstance(eos, dict):  # an AddedToken written out: {"content": "<|endoftext|>", ...}
-        eos = eos.get("content")
-    enc = HFEncoding(path, eos if isinstance(eos, str) else "<|endoftext|>")
-    check_vocab(enc.n_vocab, vocab_size, path)
-    return enc
-
-
-def check_vocab(n_tokens, vocab_size, where):
-    """A model can read every id of its tokenizer (more rows than tokens is fine: vocab_size pads the data's)."""
-    if n_tokens > vocab_size:
-        raise DataError(f"{where}: its tokenizer has {n_tokens} tokens, more than the model's vocab_size={vocab_size}: "
-                        f"ids past {vocab_size - 1} have no embedding row (not this model's tokenizer)")
 
 
 def pretrained_architecture(folder):
@@ -105,15 +84,29 @@ def from_pretrained(folder, **overrides):
         k = fixed[0]
         raise ConfigError(f"{k}={overrides[k]!r} conflicts with {path}, which has {k}={arch[k]!r}: the folder decides "
                           f"its architecture (a continuation may set {', '.join(CONTINUE_KEYS)})")
+    sd, files = read_hf_weights(folder)
+    if arch["tie_embeddings"] and stores_own_head(sd, kind):  # as transformers loads it: untied, with its warning
+        print(f"warning: {path} says tie_word_embeddings=true, but {files} stores its own lm_head.weight, unlike the "
+              "embedding: loaded untied, as transformers does (set tie_word_embeddings=false there to silence this)",
+              file=sys.stderr)
+        arch["tie_embeddings"] = False
+        if overrides.get("tie_embeddings") is True:
+            raise ConfigError(f"tie_embeddings=True conflicts with {files}, which stores its own head (untied)")
     config = GPTConfig(**{"recurrence": "loop", "n_loop": 1, "block_size": n_pos, **arch, **overrides})
     if config.pos_emb == "learned" and config.block_size > n_pos:
         raise ConfigError(f"block_size={config.block_size} is more than the {n_pos} learned positions of {path}")
-    sd, files = read_hf_weights(folder)
     try:
         ours = PRETRAINED[kind][2](sd, config, files)  # one stack of n_layer blocks, our names and layout
     except RuntimeError as e:  # torch.cat of q, k, v (gate, up) rows of shapes that do not fit together
         raise DataError(f"{files}: weights that do not fit {path} ({str(e).splitlines()[0][:120]})") from None
     return _load(config, ours, files, path)
+
+
+def stores_own_head(sd, kind):
+    """Whether a folder's weights hold an lm_head.weight that is not its embedding (transformers then unties them)."""
+    head, name = sd.get("lm_head.weight"), {"gpt2": "wte.weight"}.get(kind, "embed_tokens.weight")
+    emb = sd.get(name, sd.get(("transformer." if kind == "gpt2" else "model.") + name))
+    return head is not None and emb is not None and (head.shape != emb.shape or not torch.equal(head, emb))
 
 
 def _load(config, ours, files, path):
@@ -241,9 +234,11 @@ def _gpt2_weights(sd, config, files):
     """GPT-2's names are ours (nanoGPT's), under 'transformer.' or not; Conv1D stores (in, out): transposed."""
     sd = {k[len("transformer."):] if k.startswith("transformer.") else k: v for k, v in sd.items()}
     sd = {k: v for k, v in sd.items() if not k.endswith((".attn.bias", ".attn.masked_bias"))}  # old mask buffers
-    sd.pop("lm_head.weight", None)  # tied to wte
+    head = sd.pop("lm_head.weight", None)  # tied to wte, unless the folder stores its own (from_pretrained unties)
     conv1d = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
     ours = {f"transformer.{k}": v.t() if k.endswith(conv1d) else v for k, v in sd.items()}
+    if not config.tie_embeddings:
+        ours["lm_head.weight"] = head
     blocks = [k.split(".") for k in ours if k.startswith("transformer.h.")]
     extra = [".".join(p) for p in blocks if len(p) < 5 or not p[2].isdigit() or int(p[2]) >= config.n_layer]
     if extra:
@@ -311,3 +306,11 @@ PRETRAINED = {
     "llama": (("LlamaForCausalLM", "LlamaModel"), _llama_config, _llama_weights),
     "qwen2": (("Qwen2ForCausalLM", "Qwen2Model"), _llama_config, _llama_weights),
 }
+
+
+def __getattr__(name):
+    """folder_tokenizer moved to tokenizer.py (a tokenizer helper); eval_harness.py still imports it from here until
+    its owner's next change: looked up by name at that import, so this loader stays below the tokenizer."""
+    if name == "folder_tokenizer":
+        return importlib.import_module("tokenizer").folder_tokenizer  # see the docstring: a moved name, by name
+    raise AttributeError(f"module 'pretrained' has no attribute {name!r}")

@@ -8,11 +8,13 @@ of (seed, iteration, micro-batch), so resuming and DDP see exactly the batches o
 import contextlib
 import json
 import os
+import sys
 
 import numpy as np
 import torch
 
-from common import DataError, atomic_write
+from common import DataError, atomic_write, read_json
+from datafolder import read_meta
 
 
 def check_whole(path, n_tokens, dtype):
@@ -28,19 +30,10 @@ def check_whole(path, n_tokens, dtype):
 class TokenShards:
     def __init__(self, data_dir, split):
         self.data_dir = data_dir
-        meta_path = os.path.join(data_dir, "meta.json")
-        if not os.path.isfile(meta_path):
-            raise DataError(f"no prepared token shards at '{data_dir}' (missing meta.json)")
-        try:
-            with open(meta_path) as f:
-                self.meta = json.load(f)
-            files = self.meta["shards"].get(split, [])
-            dtype = np.dtype(self.meta["dtype"])
-            self.meta["vocab_size"]
-        except json.JSONDecodeError as e:
-            raise DataError(f"'{meta_path}' is not valid JSON ({e.msg} at line {e.lineno}): prepare the shards again") from None
-        except (KeyError, TypeError, AttributeError) as e:
-            raise DataError(f"'{meta_path}' lacks {e} (not a complete shard index): prepare the shards again") from None
+        self.meta = read_meta(data_dir)  # the one checked reader: shards, dtype, vocab_size of a tokens folder
+        if self.meta.get("kind") != "tokens":
+            raise DataError(f"'{data_dir}' holds {self.meta.get('kind')!r} data, not token shards")
+        files, dtype = self.meta["shards"].get(split, []), np.dtype(self.meta["dtype"])
         if not files:
             raise DataError(f"'{data_dir}' has no '{split}' shards")
         self.arrays = []
@@ -90,11 +83,20 @@ class TokenShards:
 
 
 def read_max_cache(data_dir):
+    """max_token.json: {shard file: [size, mtime_ns, largest id]}, the scan's memory. Missing is a first scan; any
+    other shape (a list, a number, a torn entry) is one line, 'damaged: made again', and the shards scanned again."""
+    path = os.path.join(data_dir, "max_token.json")
+    if not os.path.exists(path):
+        return {}
     try:
-        with open(os.path.join(data_dir, "max_token.json")) as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return {}  # missing or damaged: scan again
+        cache = read_json(path)
+        if all(isinstance(v, list) and len(v) == 3 and all(type(x) is int for x in v) for v in cache.values()):
+            return cache
+        why = "an entry is not [size, mtime, largest id]"
+    except DataError as e:
+        why = str(e)
+    print(f"note: '{path}' is damaged ({why[:120]}): made again (the shards are scanned again)", file=sys.stderr)
+    return {}
 
 
 def write_max_cache(data_dir, cache):

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from common import DataError, replace_folder, tmp_name
-from datafolder import foreign_files, kind_of, read_meta
+from datafolder import check_ours, foreign_files, kind_of, prepare_lock, read_meta
 
 
 def write_qa(out_dir, files, meta, generator):
@@ -42,13 +42,29 @@ def write_qa(out_dir, files, meta, generator):
 
 
 def load_meta(data_dir):
-    """meta.json of a question-answer folder, checked to be one."""
+    """meta.json of a question-answer folder, checked to be one (its fields: datafolder.read_meta)."""
     meta = read_meta(data_dir)
     if kind_of(meta) != "qa":
         raise DataError(f"'{data_dir}' holds {kind_of(meta)!r} data, not question-answer splits")
-    if not isinstance(meta.get("splits"), dict) or not meta["splits"] or not isinstance(meta.get("vocab"), list):
-        raise DataError(f"'{data_dir}/meta.json' lists no splits or no vocabulary: prepare the folder again")
     return meta
+
+
+def prepare_qa(c, generator, keys, build_files):
+    """The one prepare sequence of a question-answer dataset (data/symbolic, data/nl: each its parameters, checks
+    and build_files(c) -> ({file name: text}, meta)): c['out_dir'] is kept when this generator made it with this
+    config and every split file is as recorded; otherwise it is built and written whole (write_qa), a damaged or
+    older folder of its own saying so in one line; a folder it cannot prove its own is refused, untouched."""
+    out_dir = c["out_dir"]
+    with prepare_lock(out_dir):
+        same = check_ours(out_dir, "qa", generator, c, keys) == "same"
+        why = qa_damaged(out_dir) if same else ""  # a cut or changed split file: made again
+        if same and not why:
+            return out_dir
+        if why:
+            print(f"{why}: making {out_dir} again")
+        files, meta = build_files(c)
+        write_qa(out_dir, files, meta, generator)
+    return out_dir
 
 
 def prepare_and_say(prepare, c):

@@ -20,7 +20,7 @@ import os
 import sys
 import tarfile
 
-from common import ConfigError, DataError, atomic_write, pip_download, sha256_of
+from common import ConfigError, DataError, atomic_write, pip_download, read_json, sha256_of
 from datafolder import read_meta
 
 REPO = os.path.dirname(os.path.abspath(__file__))
@@ -326,3 +326,26 @@ def words_to_hf(vocab):
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tok.decoder = decoders.WordPiece(prefix="##", cleanup=False)  # joins words with single spaces
     return tok
+
+
+def folder_tokenizer(folder, vocab_size):
+    """The tokenizer a Hugging Face folder carries (tokenizer.json; its end of text is tokenizer_config.json's
+    eos_token, '<|endoftext|>' when that file or key is absent), refused in one line when it has ids past the
+    model's vocab_size."""
+    path = os.path.join(folder, "tokenizer.json")
+    if not os.path.isfile(path):
+        raise DataError(f"'{folder}' has no tokenizer.json: a Hugging Face folder is read with its own tokenizer")
+    tok_config = os.path.join(folder, "tokenizer_config.json")
+    eos = read_json(tok_config).get("eos_token") if os.path.isfile(tok_config) else None
+    if isinstance(eos, dict):  # an AddedToken written out: {"content": "<|endoftext|>", ...}
+        eos = eos.get("content")
+    enc = HFEncoding(path, eos if isinstance(eos, str) else "<|endoftext|>")
+    check_vocab(enc.n_vocab, vocab_size, path)
+    return enc
+
+
+def check_vocab(n_tokens, vocab_size, where):
+    """A model can read every id of its tokenizer (more rows than tokens is fine: vocab_size pads the data's)."""
+    if n_tokens > vocab_size:
+        raise DataError(f"{where}: its tokenizer has {n_tokens} tokens, more than the model's vocab_size={vocab_size}: "
+                        f"ids past {vocab_size - 1} have no embedding row (not this model's tokenizer)")

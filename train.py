@@ -10,6 +10,7 @@ Model keys default to GPTConfig's; a config file sets the recipe (config/).
 """
 import contextlib
 import copy
+import functools
 import json
 import math
 import os
@@ -29,21 +30,21 @@ from common import (DTYPES, ERRORS, any_rank, autocast, die, out_of_memory, rank
                     stop_on_signals)
 from configurator import configure
 from curriculum import rule_metrics
-from dataloader import open_data, prepare_weights
+from dataloader import check_with_data, open_data, prepare_weights
 from memory import check_fits
 from model import GPT, GPTConfig
-from precision import model_cpu_dtype, resolve_dtype
+from precision import decide_dtype
 from runlog import RunLog, open_run_folder
 from tokenizer import data_tokenizer, record
 
 # -----------------------------------------------------------------------------
 # every key, its default and its meaning: train_config.py (GPTConfig's model keys, then the training keys)
-branch, branch_facts, stated = None, {}, set()  # stated: the keys a config file or the command line sets
+branch, branch_facts, stated = None, {}, {}  # stated: {key: the config file or command line that sets it}
 try:  # every key's one check: train_config.CHECKS here, GPTConfig's for the model keys
     config = configure(train_config.defaults(), sys.argv[1:], __doc__, [train_config.__file__, sys.modules[GPTConfig.__module__].__file__],
                        train_config.CHECKS, stated)
     if not config["vocab_size"]:  # 0 = the data's: it states no size
-        stated.discard("vocab_size")
+        stated.pop("vocab_size", None)
     if config["init_from"] == "resume" or config["eval_only"]:  # the weights' architecture where the command is silent
         config.update(resume_architecture(os.path.join(config["out_dir"], "ckpt.pt"), stated))
     elif config["init_from"] != "scratch":  # a new run from another run's (or a Hugging Face model's) weights
@@ -51,7 +52,7 @@ try:  # every key's one check: train_config.CHECKS here, GPTConfig's for the mod
             prepare_weights(config["init_from"])
         *branch, model_keys, branch_facts = load_branch(config["init_from"], config, stated)
         config.update(model_keys)  # a Hugging Face folder's architecture, before the model check
-    train_config.check(config)
+    branch_facts["inert"] = train_config.check(config, stated)  # keys that do nothing here: refused if typed, else noted
 except (ValueError, *ERRORS) as e:
     die(e)
 globals().update(config)  # nanoGPT's style: every key is a name below (model keys are read as config[...])
@@ -94,7 +95,7 @@ try:
               loops_by_hops=loops_by_hops, extra_loops=extra_loops)
     data = open_data(dataset, data_dir, data_args, block_size, eval_iters, seed, split_join, make=master,
                      barrier=torch.distributed.barrier if ddp else None, qa=qa)
-    train_config.check_with_data(config, data)  # keys that need the data: metric names, pos_shift, vocab, the first batch
+    check_with_data(config, data, train_config.KEYS)  # metric names, pos_shift, vocab, the first batch
     # the checkpoint carries its tokenizer (a vocabulary, a tokenizer.json, or a tiktoken name and hash), so a
     # re-prepared folder or a replaced file cannot make sample.py or the export decode with another one
     tok = data_tokenizer(data)  # None: shards of no generator
@@ -130,35 +131,34 @@ if init_from == "resume" or eval_only:  # eval_only evaluates the checkpoint in 
     iter_num = ckpt["iter_num"]
 
 # -----------------------------------------------------------------------------
-# model, precision, optimizers
-if dtype == "auto" and ckpt is not None and ckpt.get("dtype_resolved"):
-    dtype = ckpt["dtype_resolved"]  # a resumed run keeps the precision it started with (bit-identical resume)
-elif dtype == "auto" and device_type != "cpu":
-    dtype = resolve_dtype("auto", device)  # a GPU: bf16 where it has it (a CPU: timed below, on this model)
+# precision, decided once before the memory check (what and why: config.json; the checkpoint keeps what); the model
+model_args = {k: config[k] for k in GPTConfig.__dataclass_fields__}  # stored in checkpoints
+
+
+@functools.cache
+def new_model():  # built once: a CPU's dtype='auto' times THIS model's step before the run uses it
+    torch.manual_seed(seed)  # same initial weights on every rank (DDP also broadcasts rank 0's)
+    m = GPT(GPTConfig.from_dict(config))
+    if ckpt is not None:
+        m.load_state_dict(ckpt["model"])
+    elif branch is not None:
+        try:
+            fresh = load_branch_weights(m, branch[0], init_from)  # e.g. DiscoLoop's gate, new to a vanilla loop's run
+            branch_facts["init_fresh"] = sorted(set(branch_facts.get("init_fresh", []) + fresh))
+        except ERRORS as e:
+            die(e)
+    return m
+
+
+dtype, dtype_source, dtype_seconds = decide_dtype(  # a CPU: rank 0 times the first micro-batch (ranks timing at once
+    dtype, device, ckpt and ckpt.get("dtype_resolved"), new_model if master else None,  # would share the cores)
+    lambda: data.get_batch(0, global_batch, 0, gradient_accumulation_steps, seed)[:2], model_args)
+dtype = list(DTYPES)[rank0_decides(list(DTYPES).index(dtype), ctrl_group)]
 if device_type == "cuda" and memory_check:  # measured with fake tensors: an OOM-bound config stops here, not at step 1
     why = check_fits(config, world_size, DTYPES[dtype], torch.cuda.get_device_properties(device).total_memory, master)
     if why:
         die(why)
-torch.manual_seed(seed)  # same initial weights on every rank (DDP also broadcasts rank 0's)
-model_args = {k: config[k] for k in GPTConfig.__dataclass_fields__}  # stored in checkpoints
-model = GPT(GPTConfig.from_dict(config))
-if ckpt is not None:
-    model.load_state_dict(ckpt["model"])
-elif branch is not None:
-    try:
-        fresh = load_branch_weights(model, branch[0], init_from)  # e.g. DiscoLoop's gate, new to a vanilla loop's run
-        branch_facts["init_fresh"] = sorted(set(branch_facts.get("init_fresh", []) + fresh))
-    except ERRORS as e:
-        die(e)
-model.to(device)
-dtype_seconds = {}
-dtype_source = "given" if config["dtype"] != "auto" else "the checkpoint's" if ckpt is not None else "the device's"
-if dtype == "auto":  # a CPU: bf16 only where THIS model's training step is measured >= 1.25x faster (precision.py)
-    # rank 0 measures (ranks timing at once would load the same cores) on the first micro-batch; all follow
-    x, y, _ = data.get_batch(0, global_batch, 0, gradient_accumulation_steps, seed)
-    picked, dtype_source, dtype_seconds = (model_cpu_dtype(model, x.to(device), y.to(device), model_args) if master
-                                           else ("float32", "", {}))
-    dtype = list(DTYPES)[rank0_decides(list(DTYPES).index(picked), ctrl_group)]
+model = new_model().to(device)
 ctx = autocast(device, dtype)
 optimizers = model.configure_optimizers(optimizer, learning_rate, weight_decay, (beta1, beta2), adam_eps,
                                         muon_momentum, fused=device_type == "cuda")

@@ -1,17 +1,13 @@
 """
 train.py's keys: each key's default and meaning (--help prints the comment on its line), its one check,
-and the checks that need the opened dataset. Model keys are GPTConfig's (model.py), checked there.
+and when it acts (ACTIVE). The checks that need the opened dataset live beside it (dataloader.check_with_data). Model keys are GPTConfig's (model.py), checked there.
 Importable without running training, so bench.py plans and times a training config with the same keys.
 """
-import os
-
 from common import SYSTEM_CHECKS, ConfigError
-from configurator import FOLDER, INT_GE0, INT_GE1, OUTPUT, num, one_of
+from configurator import FOLDER, INT_GE0, INT_GE1, OUTPUT, check_inert, num, one_of
 import curriculum
-from model import RECURRENCES, GPTConfig
-from pretrained import hf_folder
+from model import GPTConfig
 from runlog import STOP_METRIC_CHECK
-from tokenizer import check_folder_tokenizer, check_shards_tokenizer
 
 _imported = set(globals())  # every name above is not a key
 # -----------------------------------------------------------------------------
@@ -73,6 +69,19 @@ memory_check = True          # on CUDA: print the memory plan and stop before al
 KEYS = {k: v for k, v in dict(globals()).items() if k not in _imported and not k.startswith("_")}
 
 
+# when a training key acts (configurator.inert; GPTConfig.ACTIVE holds the model keys'): key or family prefix ->
+# (predicate over the resolved keys, what it needs)
+ACTIVE = {"compile_": (lambda c: c["compile"], "compile=True"),
+          "muon_": (lambda c: c["optimizer"] == "muon", "optimizer='muon', not {optimizer!r}"),
+          "wandb_": (lambda c: c["wandb_log"], "wandb_log=True"),
+          "lr_": (lambda c: c["decay_lr"], "decay_lr=True (decay_lr=False is a constant learning_rate)"),
+          "warmup_iters": (lambda c: c["decay_lr"], "decay_lr=True (decay_lr=False is a constant learning_rate)"),
+          "min_lr": (lambda c: c["decay_lr"], "decay_lr=True (decay_lr=False is a constant learning_rate)"),
+          "stop_patience": (lambda c: c["stop_metric"], "a stop_metric"),
+          "overwrite": (lambda c: c["init_from"] != "resume" and not c["eval_only"],
+                        "a new run (not init_from='resume' or eval_only=True)")}
+
+
 def _init_from(v):  # 'scratch', 'resume', or a folder to start from (a run folder, a Hugging Face folder)
     return isinstance(v, str) and v.strip() != ""
 
@@ -115,73 +124,16 @@ def defaults():
     return {**GPTConfig.defaults(), **KEYS}
 
 
-def check(config):
-    """The relations between training keys (each key alone is checked by CHECKS, model keys by GPTConfig)."""
+def check(config, stated=None):
+    """The relations between training keys (each key alone is checked by CHECKS, model keys by GPTConfig), then the
+    keys that have no effect (configurator.check_inert: refused when typed, noted when a config file set them;
+    stated: configure()'s {key: where}). Returns {inert key: why} (train.py records it in config.json)."""
     if config["keep_every"] % config["eval_interval"]:
         raise ConfigError(f"keep_every={config['keep_every']} is invalid: allowed 0 or a multiple of eval_interval="
                           f"{config['eval_interval']} (checkpoints are written at evaluations)")
-    if config["min_lr"] > config["learning_rate"]:
+    if config["decay_lr"] and config["min_lr"] > config["learning_rate"]:  # a constant rate never reaches min_lr
         raise ConfigError(f"min_lr={config['min_lr']} is above learning_rate={config['learning_rate']}: "
                           "the schedule decays to min_lr, so allowed min_lr <= learning_rate")
-    # the model keys' one validator; vocab_size 0 is the data's, checked against the data in check_with_data
+    # the model keys' one validator; vocab_size 0 is the data's, checked against it in dataloader.check_with_data
     GPTConfig.from_dict({**config, "vocab_size": config["vocab_size"] or max(1, config["phi_topk"])})
-
-
-def check_with_data(config, data):
-    """The keys that are checked against the training data (train.py, once the folder is open): metric names,
-    the position shift, the vocabulary, and a first batch that the mix at iteration 0 can fill."""
-    check_data_belongs(config, data)
-    names, val = data.metric_names, [m for m in data.metric_names if "val" in m]
-    curriculum.check_against(config["split_join"], names)
-    if config["stop_metric"] and config["stop_metric"] not in names:
-        raise ConfigError(f"stop_metric={config['stop_metric']!r} is not among this dataset's metrics: {val}")
-    shift, block = config["pos_shift"], config["block_size"]
-    if shift and data.seq_len + shift > block:
-        raise ConfigError(f"pos_shift={shift} with training sequences of {data.seq_len} tokens needs block_size >= "
-                          f"{data.seq_len + shift}, not {block}")
-    if config["vocab_size"] and config["vocab_size"] < data.vocab_size:
-        raise ConfigError(f"vocab_size={config['vocab_size']} is smaller than the dataset's vocabulary ({data.vocab_size})")
-    if config["loops_by_hops"] or config["extra_loops"]:
-        check_loops_by_hops(config, data)
-    first = int((data.row_join == 0).sum()) if data.kind == "qa" else None  # QA: examples in the mix at 0
-    batch, accum = config["batch_size"], config["gradient_accumulation_steps"]
-    if first is not None and batch * accum > first:
-        raise ConfigError(f"batch_size={batch} x gradient_accumulation_steps={accum} is more than the {first} training "
-                          f"examples in the mix at iteration 0 of '{config['data_dir']}': allowed at most {first}")
-
-
-def check_data_belongs(config, data):
-    """The data is the one the config and the starting weights mean: Stage-1 splits are asked only of question-answer
-    data; a token corpus is prepared once, so data_args that say otherwise than its folder are refused, not ignored;
-    the tokenizer its shards name is still the one they were made with; an init_from folder's own tokenizer is the
-    data's."""
-    d, corpus = config["data_dir"], data.kind == "tokens"
-    if corpus and config["stage1_splits"] != KEYS["stage1_splits"]:
-        raise ConfigError(f"stage1_splits={config['stage1_splits']!r} names question-answer splits; '{d}' is a token "
-                          f"corpus (no splits): allowed only the default {KEYS['stage1_splits']!r}")
-    for k, v in config["data_args"].items() if corpus else ():
-        have = data.config.get(k, v)  # a key the folder does not record (max_tokens, num_proc) is not compared
-        if v != have and not (isinstance(v, str) and os.path.abspath(v) == os.path.abspath(str(have))):
-            raise ConfigError(f"data_args {k}={v!r}, but data_dir '{d}' holds shards made with {k}={have!r}: a corpus "
-                              "is prepared once, so data_args would be ignored; allowed the folder's value, another "
-                              "data_dir, or --data_args={} (the folder as it is)")
-    check_shards_tokenizer(data.config, d)
-    init = config["init_from"]
-    if init not in ("scratch", "resume") and hf_folder(init):
-        check_folder_tokenizer(init, data, d)
-
-
-def check_loops_by_hops(config, data):
-    """loops_by_hops reads a k-hop question after k loops: QA data, and k loops that the model can run."""
-    if not config["loops_by_hops"]:
-        raise ConfigError(f"extra_loops={config['extra_loops']} adds loops to loops_by_hops's; allowed 0 without it")
-    if data.kind != "qa":
-        raise ConfigError("loops_by_hops=True is for question-answer data (a k-hop question after k loops); "
-                          f"'{config['data_dir']}' is a token corpus")
-    K, copies, extra = config["n_loop"], RECURRENCES[config["recurrence"]].copies, config["extra_loops"]
-    for s in data.splits:  # training rows: hops + up to extra_loops loops; evaluation: k loops for k hops
-        need = data.hops(s) + (extra if s in data.train_splits else 0)
-        if need > K and (s in data.train_splits or copies):
-            raise ConfigError(f"loops_by_hops=True: split {s!r} needs {need} loops ({data.hops(s)} hops"
-                              f"{f' + extra_loops={extra}' if s in data.train_splits and extra else ''}), more than "
-                              f"n_loop={K} {'untied copies' if copies else 'trained loops'}: allowed n_loop >= {need}")
+    return check_inert(config, defaults(), {**GPTConfig.ACTIVE, **ACTIVE}, stated or {})

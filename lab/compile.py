@@ -35,7 +35,6 @@ def main(argv):
                         files=[__file__])
     given = {a[2:].split("=")[0] for a in argv if a.startswith("--")}  # the command line's keys beat the toy width
     c.update({k: v for k, v in TOY.items() if k not in given})
-    c["phi_topk"] = min(c["phi_topk"], c["vocab_size"])
     modes = c["modes"].split(",")
     try:
         if not set(modes) <= {"eager", "blocks", "whole"} or len(set(modes)) < len(modes):

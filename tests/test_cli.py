@@ -105,12 +105,16 @@ PRETRAIN = ["train.py", "config/pretrain_tiny.py", "--dtype=float32", "--threads
 @pytest.mark.parametrize("case,needle", [
     ("bad_id", "holds token id 99"), ("short", "block_size=16 is longer than every shard"),
     ("no_shards", "lacks 'shards'"), ("cut_meta", "not valid JSON"),
+    ("hash_type", "config.tokenizer_sha256='12345' is invalid: allowed a sha256 hex string"),
+    ("dtype", "dtype='float64' is invalid"), ("shard_pairs", "shards="),
 ])
 def test_shard_problems_one_line(tmp_path, case, needle):
     toks = list(np.arange(200) % 50)
     if case == "bad_id":
         toks[150] = 99  # far from any window a short run would sample
-    d = shards(tmp_path, toks[:10] if case == "short" else toks)
+    extra = {"hash_type": {"config": {"encoding": "bytes", "tokenizer_file": "t.json", "tokenizer_sha256": 12345}},
+             "dtype": {"dtype": "float64"}, "shard_pairs": {"shards": {"train": ["train_000000.bin"]}}}.get(case)
+    d = shards(tmp_path, toks[:10] if case == "short" else toks, meta_extra=extra)
     if case == "no_shards":
         meta = json.loads(open(f"{d}/meta.json").read())
         del meta["shards"]
@@ -142,6 +146,19 @@ def test_shard_vocabulary_scan_is_cached_per_file(tmp_path):
         TokenShards(d, "train")
 
 
+@pytest.mark.parametrize("content", ["[1, 2]", "7", '{"train_000000.bin": 49}', "{"])
+def test_a_damaged_scan_cache_is_made_again(tmp_path, capsys, content):
+    """max_token.json holding a list, a bare number, a torn entry or half a file: one line, 'damaged: made again',
+    the shards scanned again and the file rewritten (it was an AttributeError or a TypeError)."""
+    from shards import TokenShards
+    d = shards(tmp_path, list(np.arange(200) % 50))
+    open(f"{d}/max_token.json", "w").write(content)
+    TokenShards(d, "train")
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "max_token.json' is damaged" in err[0] and "made again" in err[0], err
+    assert json.loads(open(f"{d}/max_token.json").read())["train_000000.bin"][2] == 49
+
+
 def test_probe_on_a_pretraining_checkpoint(tmp_path):
     d = shards(tmp_path, list(np.arange(400) % 50))
     out = tmp_path / "run"
@@ -170,3 +187,67 @@ def test_auto_dtype_rule():
     slow = []
     pick_cpu_dtype(True, lambda d, r: slow.append((d, r)) or (1.0 if d == torch.float32 else 100.0))
     assert slow == [(torch.float32, 5), (torch.bfloat16, 1)]  # one slow try, no repeats
+
+
+def test_round5_silent_keys_and_late_checks_are_one_line(tiny_data, tmp_path):
+    """Issue 56: a typed key that does nothing (train.py and bench.py alike, one validator), bench.py compile's
+    phi_topk past its toy vocabulary (was clamped), phi_topk past the data's vocabulary with vocab_size=0 (was a
+    traceback where the model is built), data_args silent on a field the folder records otherwise (was ignored)."""
+    out = str(tmp_path / "run")
+    one_line(run(tiny_train_args(tiny_data, out, "--compile_mode=reduce-overhead")), "compile_mode=", "needs compile=True")
+    one_line(run(["bench.py", "step", "config/pretrain.py", "--compile=False", "--compile_mode=reduce-overhead"]),
+             "compile_mode=", "needs compile=True")
+    one_line(run(["bench.py", "compile", "config/pretrain.py", "--phi_topk=3000", "--modes=eager"]), "phi_topk=3000",
+             "vocab_size=2048")
+    (tmp_path / "a").mkdir()
+    d = shards(tmp_path / "a", list(np.arange(200) % 50))
+    one_line(run(PRETRAIN + [f"--data_dir={d}", f"--out_dir={out}", "--phi_topk=64"]), "phi_topk=64", "vocab_size=50", d)
+    d = shards(tmp_path, list(np.arange(200) % 50), meta_extra={"config": {
+        "data_files": "synthetic:web", "encoding": "bytes", "tokenizer_file": "tok.json", "val_tokens": 200}})
+    one_line(run(PRETRAIN + [f"--data_dir={d}", f"--out_dir={out}",
+                             "--data_args={'data_files': 'synthetic:web', 'encoding': 'bytes', 'val_tokens': 200}"]),
+             "data_args tokenizer_file=''", "where data_args are silent", "made with tokenizer_file='tok.json'")
+
+
+def test_round5_a_file_key_made_inert_is_noted_and_recorded(tiny_data, tmp_path):
+    cfg = tmp_path / "c.py"
+    cfg.write_text('exec(open("config/symbolic.py").read())\nphi_topk = 4\n')  # the parent, found from the repo
+    out = tmp_path / "run"
+    args = tiny_train_args(tiny_data, str(out), "--recurrence=loop", "--max_iters=0")
+    r = run([args[0], str(cfg)] + args[2:])
+    assert r.returncode == 0, r.stderr[-2000:]
+    notes = [line for line in r.stderr.splitlines() if line.startswith("note: phi_topk=4 has no effect")]
+    assert len(notes) == 1 and str(cfg) in notes[0], r.stderr[-2000:]
+    assert list(json.loads((out / "config.json").read_text())["inert"]) == ["phi_topk"]
+
+
+@pytest.mark.parametrize("meta,needle", [
+    ({"kind": "qa", "splits": {"train": "train.txt"}, "vocab": ["a"]}, "splits="),
+    ({"kind": "qa", "splits": {"train": {"file": "t.txt", "train": True}}, "vocab": "abc"}, "vocab='abc'"),
+    ({"kind": "qa", "vocab": ["a"]}, "lacks 'splits'"),
+    ({"kind": "qa", "splits": {"train": {"file": "t.txt", "train": True}}, "vocab": ["a"], "config": []}, "config="),
+])
+def test_meta_json_fields_are_read_checked(tmp_path, meta, needle):
+    """meta.json is read by one checked reader (datafolder.read_meta): a field of the wrong type or shape, or one
+    missing, is one line naming the file and the field, never a KeyError or TypeError further on."""
+    from tasks import QAData
+    (tmp_path / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(DataError, match="meta.json") as e:
+        QAData(str(tmp_path))
+    assert needle in str(e.value) and "\n" not in str(e.value)
+
+
+def test_precision_is_one_decision_with_its_reason(tmp_path, monkeypatch):
+    """precision.decide_dtype is train.py's one call: what was chosen and why, the model built (and timed) only where
+    a CPU's 'auto' needs it, never for a given dtype, a resumed checkpoint's or a GPU's rule."""
+    from precision import decide_dtype
+    monkeypatch.setenv("DISCOLOOP_DTYPE_CACHE", str(tmp_path / "c.json"))
+    built = []
+    make = lambda: built.append(1) or torch.nn.Linear(2, 2)
+    assert decide_dtype("bfloat16", "cpu", "float32", make) == ("bfloat16", "given", {})
+    assert decide_dtype("auto", "cpu", "bfloat16", make) == ("bfloat16", "the checkpoint's", {})
+    assert decide_dtype("auto", "cpu", None, None) == ("float32", "", {})  # a DDP rank > 0: rank 0's answer follows
+    assert not built
+    monkeypatch.setattr("precision.model_cpu_dtype", lambda m, x, y, a: ("float32", f"timed {type(m).__name__} {x}", {"float32": 1.0}))
+    assert decide_dtype("auto", "cpu", None, make, lambda: ("X", "Y"), {}) == ("float32", "timed Linear X", {"float32": 1.0})
+    assert built == [1]

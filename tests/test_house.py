@@ -87,7 +87,8 @@ def test_no_function_over_sixty_lines():
 
 # growth is a decision: raising one of these is a line in a reviewed change, not drift. kernels.py holds the core's Phi
 # kernels only (candidates live in lab/), bench.py measures (the lab compares alternatives)
-LINE_BUDGETS = {"model.py": 600, "train.py": 430, "README.md": 200, "kernels.py": 200, "bench.py": 550}
+LINE_BUDGETS = {"model.py": 640,  # +ACTIVE (when each model key acts), GPT.from_pretrained for forkers, the adaptive exit
+                "train.py": 430, "README.md": 200, "kernels.py": 200, "bench.py": 550}
 # lines of project code train.py imports, directly or through others (its import closure): raising it is a decision too
 TRAIN_CLOSURE_BUDGET = 4146
 
@@ -107,3 +108,14 @@ def test_line_budgets():
     over = {name: n for name, limit in LINE_BUDGETS.items()
             if (n := len(open(os.path.join(REPO, name)).read().splitlines())) > limit}
     assert not over, f"over their line budgets {LINE_BUDGETS}: {over}"
+
+
+def test_the_key_file_is_only_keys_and_train_stands_on_five_floors():
+    """train_config.py (the keys) imports neither the Hugging Face loader nor the tokenizer (the data checks live in
+    dataloader.py, beside open_data); the longest chain of project imports under train.py is five modules."""
+    g = graph()
+    assert not {"pretrained", "tokenizer", "dataloader", "tasks", "shards"} & g["train_config"], sorted(g["train_config"])
+
+    def depth(m, seen=()):
+        return 1 + max((depth(n, seen + (m,)) for n in g.get(m, ()) if n in g and n not in seen), default=0)
+    assert depth("train") <= 5, f"train.py stands on {depth('train')} floors of imports"

@@ -154,10 +154,18 @@ def test_folder_from_before_n_val_is_upgraded_in_place(tmp_path):
         json.dump(meta, f)
     r = run(["data/symbolic/prepare.py", f"--out_dir={out}", "--n_val=70"] + args)
     assert r.returncode == 0 and "val_id" in r.stdout, r.stderr
+    assert r.stderr.strip() == f"'{out}' was made before 'n_val' existed: making it again", r.stderr
     with open(os.path.join(out, "test_ood.txt")) as f:
         assert f.read() == ood
     with open(os.path.join(out, "val_id.txt")) as f:
         assert sum(1 for _ in f) == 70
+    meta = json.load(open(os.path.join(out, "meta.json")))
+    del meta["kind"]  # a folder from before meta.json recorded its kind (compat.old_folder): made again, said once
+    json.dump(meta, open(os.path.join(out, "meta.json"), "w"))
+    r = run(["data/symbolic/prepare.py", f"--out_dir={out}", "--n_val=70"] + args)
+    assert r.returncode == 0 and "wrote" in r.stdout, r.stderr
+    assert r.stderr.strip() == f"'{out}' was made before meta.json recorded its kind: making it again", r.stderr
+    assert json.load(open(os.path.join(out, "meta.json")))["kind"] == "qa"
 
 
 def test_existing_folder_from_other_config_refused(tmp_path, tiny_data):

@@ -271,8 +271,9 @@ def test_smollm2_configs_agree_with_their_folders(tmp_path, name, folder_config)
         "model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": 49152, "hidden_act": "silu",
         "max_position_embeddings": 8192, "tie_word_embeddings": True, **folder_config}))
     _, arch, _, _ = pretrained_architecture(str(tmp_path))
-    stated = set()
+    stated = {}
     config = configure(train_config.defaults(), [os.path.join("config", name)], stated=stated)
+    stated = set(stated)
     assert stated & set(arch) and {k: config[k] for k in stated & set(arch)} == {k: arch[k] for k in stated & set(arch)}
 
 
@@ -312,11 +313,18 @@ def test_train_continues_a_pretrained_folder_as_disco_and_resumes(tmp_path):
     r = run(args + ["--init_from=resume", "--max_iters=4"])
     assert r.returncode == 0, r.stderr[-2000:]
     assert load_checkpoint(out)["iter_num"] == 4
-    for bad, both in ((["--sandwich_norm=True"], ("sandwich_norm=True", "sandwich_norm=False")),
-                      (["config/pretrain_tiny.py"], ("n_embd=128", "n_embd=32"))):
-        r = run(args[:1] + bad + args[1:] + [f"--init_from={folder}", f"--out_dir={tmp_path / 'other'}", "--overwrite=True"])
-        assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr[-2000:]
-        assert all(b in r.stderr for b in both) and "conflicts with" in r.stderr, r.stderr
+    r = run(args + ["--sandwich_norm=True", f"--init_from={folder}", f"--out_dir={tmp_path / 'other'}"])
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr[-2000:]
+    assert all(b in r.stderr for b in ("sandwich_norm=True", "sandwich_norm=False", "conflicts with")), r.stderr
+    # nanoGPT's init_from: a config FILE's architecture gives way to the folder's, one line per replaced key
+    r = run(args[:1] + ["config/pretrain_tiny.py"] + args[1:] + [f"--init_from={folder}", "--max_iters=0",
+                                                                  f"--out_dir={tmp_path / 'other'}"])
+    assert r.returncode == 0, r.stderr[-2000:]
+    notes = [line for line in r.stderr.splitlines() if "the folder decides its architecture" in line]
+    assert any(line.startswith("note: n_embd=32 from") and "replaces n_embd=128 of config/pretrain_tiny.py" in line
+               for line in notes), r.stderr[-2000:]
+    cfg = json.load(open(tmp_path / "other" / "config.json"))
+    assert cfg["n_embd"] == 32 and cfg["init_replaced"]["n_embd"] == [128, 32] and len(notes) == len(cfg["init_replaced"])
 
 
 def test_eval_harness_reads_a_pretrained_folder(tmp_path):
@@ -345,9 +353,64 @@ def test_eval_harness_reads_a_pretrained_folder(tmp_path):
     tokenizer(V + 5)
     os.remove(os.path.join(folder, "model.safetensors"))  # never reached: the tokenizer is refused first
     before = sorted(os.listdir(folder))
-    r = run(["eval_harness.py", f"--ckpt={folder}", "--tasks=piqa"])  # its default output lies in a run folder only
-    assert r.returncode == 2 and "not a run folder" in r.stderr and "--json=FILE" in r.stderr, r.stderr[-2000:]
+    from conftest import REPO
+    r = run([os.path.join(REPO, "eval_harness.py"), f"--ckpt={folder}", "--tasks=piqa"], cwd=tmp_path)
+    want = os.path.join("out", "results", os.path.basename(folder), "eval_harness.json")  # the project's, said
+    assert r.returncode == 2 and f"not a run folder, so not ours to write into: eval_harness.json goes to {want}" \
+        in r.stderr and os.path.isdir(tmp_path / os.path.dirname(want)), r.stderr[-2000:]
     r = run(["eval_harness.py", f"--ckpt={folder}", "--tasks=piqa", f"--json={tmp_path / 'eval.json'}"])
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr[-2000:]
     assert f"has {V + 5} tokens, more than the model's vocab_size={V}" in r.stderr, r.stderr
     assert sorted(os.listdir(folder)) == before  # nothing written into someone's model folder
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama_tied"])
+def test_a_tied_folder_that_stores_its_own_head_loads_as_transformers_does(tmp_path, capsys, name):
+    """config.json says tie_word_embeddings=true but the weights hold their own lm_head.weight: transformers keeps it
+    (untied, with a warning); so do we, with one warning line (dropping it made logits differ by up to 25)."""
+    from safetensors.torch import load_file, save_file
+    _, folder = saved(name, tmp_path)
+    path = os.path.join(folder, "model.safetensors")
+    sd = load_file(path)
+    torch.manual_seed(1)
+    sd["lm_head.weight"] = torch.randn(V, 32)
+    save_file(sd, path, metadata={"format": "pt"})
+    hf = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
+    capsys.readouterr()
+    model = from_pretrained(folder)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("warning:") and "loaded untied, as transformers does" in err[0]
+    assert not model.config.tie_embeddings
+    idx = torch.randint(0, V, (2, T))
+    with torch.no_grad():
+        torch.testing.assert_close(model(idx)[0], hf_logits(hf, idx), rtol=0, atol=1e-4)
+    with pytest.raises(ValueError, match="phi_topk=4 needs tie_embeddings=True"):  # a library caller's except
+        from_pretrained(folder, recurrence="disco", phi_topk=4)
+
+
+def test_nanogpt_entry_point_and_library_errors(tmp_path):
+    """A nanoGPT forker's GPT.from_pretrained loads a folder (through pretrained.py); model.py copied alone still
+    imports, and the call is one clear ImportError there; every error of the library is a ValueError."""
+    import subprocess
+    import sys
+    from common import ERRORS
+    from conftest import REPO
+    from model import GPT
+    _, folder = saved("llama", tmp_path)
+    idx = torch.randint(0, V, (1, T))
+    with torch.no_grad():
+        assert torch.equal(GPT.from_pretrained(folder, override_args={"dropout": 0.0})(idx)[0], from_pretrained(folder)(idx)[0])
+    assert all(issubclass(e, ValueError) for e in ERRORS)
+    for bad in (dict(n_embd=64), dict(bogus=1)):
+        with pytest.raises(ValueError):
+            GPT.from_pretrained(folder, **bad)
+    with pytest.raises(ValueError, match="no pretrained model folder"):
+        GPT.from_pretrained(str(tmp_path / "none"))
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    for f in ("model.py", "kernels.py", "muon.py"):
+        (alone / f).write_text(open(os.path.join(REPO, f)).read())
+    code = "from model import GPT\ntry:\n    GPT.from_pretrained('x')\nexcept ImportError as e:\n    print(e)"
+    r = subprocess.run([sys.executable, "-c", code], cwd=alone, capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "PYTHONPATH": ""})
+    assert r.returncode == 0 and "pretrained.py" in r.stdout, r.stderr[-2000:]

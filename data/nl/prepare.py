@@ -32,8 +32,7 @@ import tokenizer  # noqa: E402
 from common import ConfigError  # noqa: E402
 from configurator import cli, one_of  # noqa: E402
 from data.symbolic import prepare as sym  # noqa: E402  (the graph code, reused)
-from datafolder import check_ours, prepare_lock  # noqa: E402
-from tasks import prepare_and_say, qa_damaged, write_qa  # noqa: E402
+from tasks import prepare_and_say, prepare_qa  # noqa: E402
 
 ON_FIRST_USE = True  # train.py prepares this folder when it starts (a few seconds)
 DEFAULTS = {**sym.DEFAULTS,
@@ -151,19 +150,11 @@ def build(c, enc):
 
 
 def prepare(c, enc=None):
-    out_dir = c["out_dir"]
+    """The symbolic dataset of config c, in English, into c['out_dir'] (tasks.prepare_qa: kept when it is this
+    config's; GPT-2's ranks are fetched only where the folder is made)."""
     sym.check_config(c)
-    with prepare_lock(out_dir):
-        same = check_ours(out_dir, "qa", "nl", c, GENERATOR_KEYS, added=sym.ADDED_KEYS) == "same"
-        why = qa_damaged(out_dir) if same else ""  # a cut or changed split file: made again
-        if same and not why:
-            return out_dir
-        if why:
-            print(f"{why}: making {out_dir} again")
-        enc = enc or tokenizer.get_encoding({"encoding": c["encoding"], "tiktoken_file": c["tiktoken_file"]})
-        files, meta = build(c, enc)
-        write_qa(out_dir, files, meta, "nl")
-    return out_dir
+    tok = {"encoding": c["encoding"], "tiktoken_file": c["tiktoken_file"]}
+    return prepare_qa(c, "nl", GENERATOR_KEYS, lambda c: build(c, enc or tokenizer.get_encoding(tok)))
 
 
 def main(argv):

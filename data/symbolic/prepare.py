@@ -27,8 +27,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, REPO)
 from common import ConfigError  # noqa: E402
 from configurator import FOLDER, INT_GE0, cli  # noqa: E402
-from datafolder import check_ours, prepare_lock  # noqa: E402
-from tasks import prepare_and_say, qa_damaged, write_qa  # noqa: E402
+from tasks import prepare_and_say, prepare_qa  # noqa: E402
 
 ON_FIRST_USE = True  # train.py prepares this folder when it starts (a few seconds)
 DEFAULTS = dict(
@@ -47,9 +46,7 @@ DEFAULTS = dict(
 )
 # the relations between keys: check_config (a comment on the CHECKS line would be --help's meaning of its keys)
 CHECKS = {"out_dir": FOLDER, "seed": INT_GE0}
-GENERATOR_KEYS = [k for k in DEFAULTS if k != "out_dir"]  # what makes two datasets the same
-ADDED_KEYS = ("n_val", "pad_left")  # keys added since: a folder without them is this generator's, prepared again (its other
-                         # splits come out byte-identical: generation is deterministic and new keys only add splits)
+GENERATOR_KEYS = [k for k in DEFAULTS if k != "out_dir"]  # what makes two datasets the same (added since: compat.py)
 
 
 def check_config(c):
@@ -156,22 +153,17 @@ def build(c):
     return splits, meta, graphs
 
 
+def build_files(c):
+    """The folder's files ({name: text}, one example per line) and meta.json's content: tasks.prepare_qa writes them."""
+    splits, meta, _ = build(c)
+    return {f"{s}.txt": "".join(" ".join(ex) + "\n" for ex in exs) for s, exs in splits.items()}, meta
+
+
 def prepare(c):
     """Prepare the dataset described by config dict c into c['out_dir'] (a no-op if this generator made it
     with this config; a folder it cannot prove it made is refused in one line and left untouched)."""
-    out_dir = c["out_dir"]
     check_config(c)
-    with prepare_lock(out_dir):
-        same = check_ours(out_dir, "qa", "symbolic", c, GENERATOR_KEYS, added=ADDED_KEYS) == "same"
-        why = qa_damaged(out_dir) if same else ""  # a cut or changed split file: made again
-        if same and not why:
-            return out_dir
-        if why:
-            print(f"{why}: making {out_dir} again")
-        splits, meta, _ = build(c)
-        files = {f"{s}.txt": "".join(" ".join(ex) + "\n" for ex in exs) for s, exs in splits.items()}
-        write_qa(out_dir, files, meta, "symbolic")
-    return out_dir
+    return prepare_qa(c, "symbolic", GENERATOR_KEYS, build_files)
 
 
 def main(argv):
