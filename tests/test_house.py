@@ -85,8 +85,9 @@ def test_no_function_over_sixty_lines():
     assert not long, f"functions over 60 lines: {long}"
 
 
-# growth is a decision: raising one of these is a line in a reviewed change, not drift
-LINE_BUDGETS = {"model.py": 600, "train.py": 430, "README.md": 200}
+# growth is a decision: raising one of these is a line in a reviewed change, not drift. model.py 600 -> 640: issue 55
+# (adaptive depth, the rule beside the loop) with the sibling generate(stop=...); raising it again is a decision too
+LINE_BUDGETS = {"model.py": 640, "train.py": 430, "README.md": 200}
 
 
 def test_line_budgets():
