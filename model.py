@@ -53,7 +53,8 @@ CHECKPOINTING = ("none", "block")
 @dataclass
 class Exit:
     """Adaptive depth, at inference only: after loop k < n_loop a token stops once its decoded p (top-k Phi: its top k
-    renormalised) is settled: "prob": max p >= threshold; "kl": KL(p_k-1 || p_k) <= threshold (from loop 2 on)."""
+    renormalised) is settled: "prob": max p >= threshold; "kl": KL(p_k-1 || p_k) <= threshold (from loop 2 on). Its
+    state then stays what it would feed loop k+1; later tokens attend to keys and values made from it (f_theta)."""
     rule: str = "prob"
     threshold: float = 0.9
     min_loops: int = 1  # no exit before this many loops
@@ -228,15 +229,12 @@ class KVCache:
     position, so position t's state in every loop depends only on positions <= t, as the cache holds them."""
 
     def __init__(self):
-        self.k = self.v = self.frozen = None  # frozen (adaptive depth): (the loop before's KVCache, (B, T) exited)
+        self.k = self.v = None
 
     def __len__(self):
         return 0 if self.k is None else self.k.size(2)
 
     def extend(self, k, v):
-        if self.frozen is not None:  # an exited position keeps the loop before's keys and values: its exit loop's
-            (b, done), t = self.frozen, slice(len(self), len(self) + k.size(2))
-            k, v = (torch.where(done[:, None, :, None], old[:, :, t], new) for old, new in ((b.k, k), (b.v, v)))
         self.k = k if self.k is None else torch.cat([self.k, k], dim=2)
         self.v = v if self.v is None else torch.cat([self.v, v], dim=2)
         return self.k, self.v
@@ -406,17 +404,22 @@ class GPT(nn.Module):
         cfg = self.config
         return cfg.n_prelude + cfg.n_coda + (cfg.n_layer - cfg.n_prelude - cfg.n_coda) * cfg.n_loop
 
-    def f_theta(self, x, copy=0, cache=None, part=None):
+    def f_theta(self, x, copy=0, cache=None, part=None, done=None):
         """One application of f_theta (the middle blocks when there is a prelude or coda); `copy` picks the untied
         copy for recurrence='none'; cache: this loop's KVCache of every layer (generation); part: 'prelude' or
-        'coda' runs those blocks instead (once, outside the loop)."""
+        'coda' runs those blocks instead (once, outside the loop). done (B, T): exited tokens (adaptive depth), whose
+        frozen state x enters every block (Elbayad et al.'s state copying); all exited: only their K/V are stored."""
         cfg = self.config
         rope = (self.rope_cos, self.rope_sin) if cfg.pos_emb == "rope" else None
         n = cfg.n_layer
         lo, hi = {"prelude": (0, cfg.n_prelude), "coda": (n - cfg.n_coda, n)}.get(part, (cfg.n_prelude, n - cfg.n_coda))
+        x0, store = x, done is not None and bool(done.all())
         for i, block in zip(range(lo, hi), self.transformer.h[copy * n + lo:copy * n + hi]):
-            # generation (a cache) runs the blocks eager: a compiled block would recompile for every cache length
-            x = block(x, rope) if cache is None else block.layers(x, rope, cache[i])
+            x = x if done is None else torch.where(done[..., None], x0, x)
+            if not store:  # generation (a cache) runs the blocks eager: a compiled block would recompile for every length
+                x = block(x, rope) if cache is None else block.layers(x, rope, cache[i])
+            elif cache is not None:  # the later tokens attend to these keys and values
+                block.attn(block.ln_1(x), rope, cache[i])
         return x
 
     def compile_blocks(self, enable=True, **options):
@@ -492,23 +495,20 @@ class GPT(nn.Module):
         if K < 1 or (self.rec.copies and K > cfg.n_loop):
             raise ValueError(f"n_loop={K} is invalid: allowed 1.."
                              f"{cfg.n_loop if self.rec.copies else 'any'} for recurrence={cfg.recurrence}")
-        if exits is not None:  # through a cache (a fresh one without), which keeps an exited token's K/V of its exit loop
-            cache, p, mid = cache or self.new_cache(K), None, slice(cfg.n_prelude, cfg.n_layer - cfg.n_coda)  # looped
-            exits.loops.append(at := torch.full((B, T), K, device=idx.device))  # each token's exit loop, set in place
+        if exits is not None:  # each token's exit loop (set in place below), and the p of the loop before
+            exits.loops.append(at := torch.full((B, T), K, device=idx.device))
+            p = None
         x, pos = self.embed(idx, t0)
         if cfg.n_prelude:
             x = self.f_theta(x, cache=cache[0] if cache is not None else None, part="prelude")
         for k in range(1, K + 1):
-            if exits is not None and k > 1:  # exited: the loop before's K/V (all exited: the loop only copies them)
-                for c, b in zip(cache[k - 1][mid], cache[k - 2][mid]):
-                    c.frozen = (b, at < k)
-                if (at < k).all():
-                    [c.extend(b.k[:, :, t0:], b.v[:, :, t0:]) for c, b in zip(cache[k - 1][mid], cache[k - 2][mid])]
-                    continue
             # a recurrence in embedding space runs the whole model every pass (PonderLM's GPT-2 adds positions each time)
             again = pos is not None and (self.rec.embed or (cfg.pos_every_loop and k > 1))
+            done = None if exits is None else at < k  # tokens exited at an earlier loop: their state x stays
             h = self.f_theta(x + pos if again else x, copy=k - 1 if self.rec.copies else 0,
-                             cache=cache[k - 1] if cache is not None else None)
+                             cache=cache[k - 1] if cache is not None else None, done=done)
+            if done is not None and done.all():  # every token exited: f_theta only stored their keys and values
+                continue
             if cfg.per_loop_norm:  # Ouro: the normed state is what the next loop (and Phi) sees
                 h = self.transformer.ln_f(h)
             if exits is not None and k < K:  # the tokens settled after this loop (min_loops on) exit here
@@ -520,7 +520,7 @@ class GPT(nn.Module):
                 x_next = x_next if replaced is None else replaced
             if loops is not None or exits is not None:  # rows (tokens) that stopped keep their last loop's output
                 out = h if k == 1 else torch.where((loops < k)[:, None, None] if exits is None else (at < k)[..., None], out, h)
-            x = x_next
+            x = x_next if exits is None else torch.where(done[..., None], x, x_next)
         x = x if loops is None and exits is None else out
         if cfg.n_coda:  # the head reads the coda's output (after the loop, or after a row's own loop count)
             x = self.f_theta(x, cache=cache[0] if cache is not None else None, part="coda")

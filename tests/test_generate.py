@@ -116,7 +116,7 @@ def mixed_exit(model, seq, j):
 @pytest.mark.parametrize("recurrence,kw", EXIT_CASES[:-1] + [("loop", {"n_layer": 3, "n_prelude": 1})])
 def test_a_token_exiting_at_j_has_the_logits_of_j_loops(recurrence, kw):
     """Every token runs at least j loops (min_loops=j), so up to loop j nothing it attends to is frozen: a token that
-    exits at j gets the logits of a j-loop forward; later tokens attend to its loop-j keys and values after that.
+    exits at j gets the logits of a j-loop forward; later tokens attend to its frozen state after that.
     (Not with a coda: it runs once on every token's final state, so an exited token's coda reads earlier tokens that
     ran on.)"""
     model, seq = make64(recurrence, **kw), torch.randint(0, 50, (2, BLOCK))
@@ -128,8 +128,8 @@ def test_a_token_exiting_at_j_has_the_logits_of_j_loops(recurrence, kw):
         at = ex.loops[0]
         assert (at == j).any() and (at == 3).any(), at  # a mix, so the test can fail
         torch.testing.assert_close(got[at == j], want[at == j], rtol=0, atol=1e-10)
-        # the tokens that ran on after an earlier token froze see its frozen keys and values: not the plain forward
-        assert not torch.allclose(got[at == 3], full[at == 3], atol=1e-6)
+        # the tokens that ran on after an earlier token froze see its frozen state: not the plain forward
+        assert (got[at == 3] - full[at == 3]).abs().max() > 1e-9  # (small at random init, far above float64's 1e-15)
 
 
 @pytest.mark.parametrize("recurrence,kw", EXIT_CASES)
@@ -160,11 +160,12 @@ def test_cached_generation_with_exits_is_the_uncached_adaptive_forward(recurrenc
 
 
 def test_generation_whose_tokens_all_exit_skips_the_later_loops():
-    """B=1: a token that exits runs no later loop (its keys and values are copied), and the next token still sees them."""
+    """B=1: a token that exited runs no later block (its MLP never), only its keys and values are made from its frozen
+    state for the tokens after it, and the next tokens see exactly what the uncached adaptive forward sees."""
     model, seq = make64("disco"), torch.randint(0, 50, (1, BLOCK))
     calls = []
     for block in model.transformer.h:
-        block.register_forward_hook(lambda mod, inp, out: calls.append(inp[0].size(1)))
+        block.mlp.register_forward_hook(lambda mod, inp, out: calls.append(inp[0].size(1)))
     ex = mixed_exit(model, seq, 1)
     with torch.no_grad():
         want = model.head(model.hidden(seq, exits=ex))
@@ -172,7 +173,8 @@ def test_generation_whose_tokens_all_exit_skips_the_later_loops():
         cache, calls[:] = model.new_cache(), []
         got = torch.cat([model.head(model.hidden(seq[:, t:t + 1], cache=cache, exits=ex)) for t in range(BLOCK)], 1)
     torch.testing.assert_close(got, want, rtol=0, atol=1e-10)
-    assert len(calls) == int(at.sum()) * 2  # 2 layers x the loops each token ran, not 2 x 3 x BLOCK
+    assert len(calls) == int(at.sum()) * 2 < 3 * BLOCK * 2  # 2 layers x the loops each token ran, not x 3 loops
+    assert all(len(c) == BLOCK for loop in cache for c in loop)  # every (loop, layer) holds every position
 
 
 def test_bad_exits_are_one_line():
