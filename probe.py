@@ -285,7 +285,7 @@ def cmd_exit(model, data, exits, K, png=None):
             right, at = adaptive_accuracy(model, X, Y, ex, K)
             rel = torch.arange(X.size(1))[None] - lead_pads(data, X)[:, None]  # position from the first real token
             hist = torch.bincount(at[Y != -1], minlength=K + 1)[1:].float() / (Y != -1).sum()
-            res[s] = {"hops": hops[s], "acc": right.float().mean().item(), "mean_loops": at[rel >= 0].float().mean().item(),
+            res[s] = {"hops": hops[s], "acc": right.double().mean().item(), "mean_loops": at[rel >= 0].double().mean().item(),
                       "answer_exit_hist": hist.tolist(),
                       "position_mean_exit": [at[rel == t].float().mean().item() for t in range(int(rel.max()) + 1)]}
             r = res[s]
