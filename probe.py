@@ -271,11 +271,13 @@ def adaptive_accuracy(model, X, Y, exits, K, batch_size=2048):
     return torch.cat(right), torch.cat(loops)
 
 
-def cmd_exit(model, data, exits, K, png=None):
+def cmd_exit(model, data, exits, K, png=None, only=""):
     """Adaptive depth (model.Exit, one per threshold) against fixed loop counts 1..K, per split: accuracy, the mean
     loops per token (a question's real tokens, lead pads left out: the blocks it runs are these x the looped layers),
     the exit loop of the answer token (histogram) and of each position (mean, from the first real token)."""
-    splits = dict(data.splits)
+    splits = {s: v for s, v in data.splits.items() if not only or s in only.split(",")}
+    if not splits:
+        raise ConfigError(f"splits={only!r} names no split of this dataset: allowed a comma list of {list(data.splits)}")
     hops = {s: data.meta["splits"][s]["hops"] for s in splits}
     fixed = {n: {s: accuracy(model, X, Y, n_loop=n)[0] for s, (X, Y) in splits.items()} for n in range(1, K + 1)}
     out, rows = {"K": K, "fixed": fixed, "adaptive": {}}, []
@@ -345,6 +347,7 @@ DEFAULTS = dict(
     exit_rule="prob",  # exit: 'prob' (top probability >= threshold) or 'kl' (KL between loops <= threshold)
     exit_thresholds="0.5,0.7,0.8,0.9,0.95,0.99",  # exit: comma-separated thresholds, one adaptive point each
     exit_min_loops=1,  # exit: no token exits before this many loops
+    splits="",        # exit: comma list of the splits to measure ('' = all)
     raw=False,        # probe the raw weights, not the weight average (EMA)
     threads=0,        # CPU threads (0 = torch's choice)
     device="auto",    # 'auto' | 'cpu' | 'cuda' (common.py's rule)
@@ -353,7 +356,7 @@ DEFAULTS = dict(
 CHECKPOINT_KEYS = {"ckpt", "data_dir", "json", "raw", "threads", "device", "dtype"}
 USES = {"acc": CHECKPOINT_KEYS | {"n_loop"}, "lens": CHECKPOINT_KEYS, "gate": CHECKPOINT_KEYS,
         "sweep": CHECKPOINT_KEYS | {"norm", "alphas", "png"},
-        "exit": CHECKPOINT_KEYS | {"n_loop", "png", "exit_rule", "exit_thresholds", "exit_min_loops"},
+        "exit": CHECKPOINT_KEYS | {"n_loop", "png", "exit_rule", "exit_thresholds", "exit_min_loops", "splits"},
         "plot": {"png", "json", "stop_metric", "stop_patience", "at_epoch", "hops", "threads"}}
 
 
@@ -436,7 +439,7 @@ def run_probe(cmd, a, device):
         elif cmd == "lens":
             res = cmd_lens(model, data)
         elif cmd == "exit":
-            res = cmd_exit(model, data, exits, K, a["png"] or None)
+            res = cmd_exit(model, data, exits, K, a["png"] or None, a["splits"])
         elif cmd == "sweep":
             res = cmd_sweep(model, data, a["norm"], [float(x) for x in a["alphas"].split(",")], a["png"] or None)
         else:
