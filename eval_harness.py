@@ -27,6 +27,7 @@ from tqdm import tqdm
 
 from common import autocast, resolve_device, table
 from checkpoint import EXIT_KEYS, checkpoint_tokenizer, exit_option, load_checkpoint, model_from_checkpoint
+from model import Exit
 from common import ERRORS, SYSTEM_CHECKS, CheckpointError, ConfigError, die
 from configurator import INT_GE0, INT_GE1, OUTPUT, configure
 from datafolder import beside_checkpoint
@@ -209,7 +210,7 @@ CHECKS = {**SYSTEM_CHECKS, "batch_size": INT_GE1, "limit": INT_GE0, "json": OUTP
           "include_path": (lambda v: v == "" or os.path.isdir(v), "'' or an existing folder of task YAMLs"),
           "exit_rule": (lambda v: v in ("", "prob", "kl"), "'' (off), 'prob' or 'kl'"), "exit_min_loops": INT_GE1}
 CHECKED = {}  # {ckpt path: checkpoint} read by check_model_args, so that the harness's model does not read it again
-MODEL_ARG_INTS = {"n_loop": 0, "batch_size": 1, "max_gen_toks": 1}  # our model's integer arguments and their minimum
+MODEL_ARG_INTS = {"n_loop": 0, "batch_size": 1, "max_gen_toks": 1, "exit_min_loops": 1}  # integer arguments, minimum
 
 
 def check_model_args(args):
@@ -225,6 +226,12 @@ def check_model_args(args):
     for key, lo in MODEL_ARG_INTS.items():
         if key in kv and not (kv[key].isdigit() and int(kv[key]) >= lo):
             raise ConfigError(f"--model_args {key}={kv[key]!r} is invalid: allowed an integer >= {lo}")
+    if kv.get("exit_rule"):  # rule and threshold (model.Exit's one check)
+        try:
+            Exit(kv["exit_rule"], float(kv.get("exit_threshold", 0.9)))
+        except ValueError as e:
+            raise ConfigError(f"--model_args exit_rule={kv['exit_rule']!r}, exit_threshold="
+                              f"{kv.get('exit_threshold', 0.9)!r}: {e}") from None
     if "dtype" in kv and not SYSTEM_CHECKS["dtype"][0](kv["dtype"]):
         raise ConfigError(f"--model_args dtype={kv['dtype']!r} is invalid: allowed {SYSTEM_CHECKS['dtype'][1]}")
     if hf_folder(kv["ckpt"]):
