@@ -273,7 +273,7 @@ def adaptive_accuracy(model, X, Y, exits, K, batch_size=2048):
 
 def cmd_exit(model, data, exits, K, png=None, only=""):
     """Adaptive depth (model.Exit, one per threshold) against fixed loop counts 1..K, per split: accuracy, the mean
-    loops per token (a question's real tokens, lead pads left out: the blocks it runs are these x the looped layers),
+    loops per token (a question's real tokens, pads left out: the blocks it runs are these x the looped layers),
     the exit loop of the answer token (histogram) and of each position (mean, from the first real token)."""
     splits = {s: v for s, v in data.splits.items() if not only or s in only.split(",")}
     if not splits:
@@ -286,6 +286,8 @@ def cmd_exit(model, data, exits, K, png=None, only=""):
         for s, (X, Y) in splits.items():
             right, at = adaptive_accuracy(model, X, Y, ex, K)
             rel = torch.arange(X.size(1))[None] - lead_pads(data, X)[:, None]  # position from the first real token
+            last = X.size(1) - 1 - (Y != -1).flip(1).int().argmax(1)  # the last answer token: right padding after it
+            rel = rel.masked_fill(torch.arange(X.size(1))[None] > last[:, None], -1)  # (-1: not a real token)
             hist = torch.bincount(at[Y != -1], minlength=K + 1)[1:].float() / (Y != -1).sum()
             res[s] = {"hops": hops[s], "acc": right.double().mean().item(), "mean_loops": at[rel >= 0].double().mean().item(),
                       "answer_exit_hist": hist.tolist(),
