@@ -28,7 +28,7 @@ import torch
 import train_config
 from kernels import TopkPhi
 from memory import format_plan, plan
-from common import DTYPES, SYSTEM_CHECKS, ConfigError, autocast, die, setup, table
+from common import DTYPES, ERRORS, SYSTEM_CHECKS, ConfigError, autocast, die, setup, table
 from measure import RowLog, cached_plan, check_row_log
 from configurator import INT_GE0, INT_GE1, OUTPUT, configure
 from model import GPT, RECURRENCES, GPTConfig
@@ -450,31 +450,57 @@ def topk_phi_seconds(model, B, T, ctx, device, steps):
 
 
 def sample_main(argv):
-    """bench.py sample CONFIG [--new_tokens=256] [--prompt=16]: new tokens per second of GPT.generate with and
-    without the key/value cache per (loop, layer), at a training config's shape (random weights), in one run."""
+    """bench.py sample CONFIG [--new_tokens=256] [--prompt=16] [--ckpt=RUN] [--exit_rule=prob --exit_threshold=0.9]:
+    new tokens per second of greedy GPT.generate with and without the key/value cache per (loop, layer), at a training
+    config's shape (random weights) or a checkpoint's (--ckpt: its shape and weights), in one run; with exit_rule also
+    with adaptive depth (model.Exit): tokens/s, loops per token, blocks saved, tokens equal to the all-loop sample."""
+    from checkpoint import EXIT_KEYS, exit_option, load_checkpoint, model_from_checkpoint  # here: only sample reads a run
     extra = {"new_tokens": 256,  # tokens to generate, after the prompt
-             "prompt": 16}       # prompt length (random tokens)
-    c = training_config(argv, "sample", sample_main.__doc__, extra, {"new_tokens": INT_GE1, "prompt": INT_GE1})
+             "prompt": 16,       # prompt length (random tokens)
+             "ckpt": "",         # a run folder or checkpoint: its shape and weights instead of random ones
+             "samples": 1,       # prompts (rows of one batch = 1: a batch only exits where every row has)
+             **EXIT_KEYS}
+    c = training_config(argv, "sample", sample_main.__doc__, extra, {"new_tokens": INT_GE1, "prompt": INT_GE1,
+                        "samples": INT_GE1, "exit_min_loops": INT_GE1,
+                        "exit_rule": (lambda v: v in ("", "prob", "kl"), "'' (off), 'prob' or 'kl'")})
     try:
-        model = GPT(GPTConfig.from_dict({**c, "block_size": max(c["block_size"], c["prompt"] + c["new_tokens"])}))
         device = setup(c["device"], c["threads"])
-    except (ConfigError, ValueError) as e:
+        if c["ckpt"]:
+            model = model_from_checkpoint(load_checkpoint(c["ckpt"]))
+        else:
+            model = GPT(GPTConfig.from_dict({**c, "block_size": max(c["block_size"], c["prompt"] + c["new_tokens"])}))
+        exits = exit_option(c["exit_rule"], c["exit_threshold"], c["exit_min_loops"], model)
+        if c["prompt"] + c["new_tokens"] > model.config.block_size:
+            raise ConfigError(f"prompt + new_tokens = {c['prompt'] + c['new_tokens']} exceeds the checkpoint's "
+                              f"block_size={model.config.block_size}")
+    except (*ERRORS, ValueError) as e:
         die(e)
-    model = model.to(device).eval()
-    x = torch.randint(0, c["vocab_size"], (1, c["prompt"]), device=device)
-    seconds = {}
-    for use_cache in (True, False):
+    model, cfg = model.to(device).eval(), model.config
+    torch.manual_seed(0)
+    prompts = torch.randint(0, cfg.vocab_size, (c["samples"], 1, c["prompt"]), device=device)
+    runs = [("with the (loop, layer) cache", True, None), ("without (whole prefix every token)", False, None)]
+    runs += [(f"cache + exits ({exits.rule} {exits.threshold:g}, min {exits.min_loops})", True, exits)] if exits else []
+    seconds, out = {}, {}
+    model.generate(prompts[0], 2, temperature=0)  # warm-up: the first call pays one-time costs
+    for name, uc, ex in runs:
         t = time.perf_counter()
-        model.generate(x, c["new_tokens"], temperature=0, use_cache=use_cache)
-        seconds[use_cache] = time.perf_counter() - t
-    print(f"{model.rec.label}, K={c['n_loop']}, {c['n_layer']} layers, d={c['n_embd']}, V={c['vocab_size']}: "
-          f"{c['new_tokens']} new tokens after a {c['prompt']}-token prompt, fp32, threads {torch.get_num_threads()}")
-    if model.config.block_size > c["block_size"]:  # random weights: a longer context costs only positions, but say so
-        print(f"block_size raised from the config's {c['block_size']} to {model.config.block_size} = prompt + new_tokens")
-    print(table(["generate", "seconds", "new tokens/s", "speed-up"],
-                [[name, round(seconds[uc], 3), round(c["new_tokens"] / seconds[uc], 1), round(seconds[False] / seconds[uc], 2)]
-                 for name, uc in (("with the (loop, layer) cache", True), ("without (whole prefix every token)", False))]))
-
+        out[name] = [model.generate(x, c["new_tokens"], temperature=0, use_cache=uc, exits=ex) for x in prompts]
+        seconds[name] = time.perf_counter() - t
+    print(f"{model.rec.label}, K={cfg.n_loop}, {cfg.n_layer} layers, d={cfg.n_embd}, V={cfg.vocab_size}"
+          f"{' (' + c['ckpt'] + ')' if c['ckpt'] else ', random weights'}: {c['samples']} x {c['new_tokens']} new "
+          f"tokens after a {c['prompt']}-token prompt, greedy, fp32, threads {torch.get_num_threads()}")
+    if not c["ckpt"] and cfg.block_size > c["block_size"]:  # random weights: a longer context costs only positions
+        print(f"block_size raised from the config's {c['block_size']} to {cfg.block_size} = prompt + new_tokens")
+    base, n = runs[0][0], c["samples"] * c["new_tokens"]
+    rows = []
+    for name, uc, ex in runs:
+        new = [t.flatten() for t in ex.loops if t.size(1) == 1] if ex else []  # the new tokens' passes, not the prompt's
+        loops = torch.cat(new).float().mean().item() if new else cfg.n_loop
+        same = sum(int((a == b).sum()) - c["prompt"] for a, b in zip(out[name], out[base])) / n
+        rows.append([name, round(seconds[name], 3), round(n / seconds[name], 1), round(seconds[base] / seconds[name], 2),
+                     round(loops, 3), f"{1 - loops / cfg.n_loop:.1%}", f"{same:.1%}"])
+    print(table(["generate", "seconds", "new tokens/s", "vs cache", "loops/token", "looped blocks saved",
+                 "tokens = cached all-loop"], rows))
 
 
 # subcommand -> its main(argv); no subcommand: the default CPU-shape comparison (main)

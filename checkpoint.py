@@ -14,11 +14,11 @@ import zlib
 
 import torch
 
-from common import CheckpointError, atomic_write, tmp_name
+from common import CheckpointError, ConfigError, atomic_write, tmp_name
 from compat import upgrade_checkpoint
 from configurator import COMMAND_LINE
 from curriculum import joins_changed
-from model import GPT, GPTConfig
+from model import GPT, Exit, GPTConfig
 from pretrained import ARCH_KEYS, CONTINUE_KEYS, from_pretrained, hf_folder, pretrained_architecture
 from tokenizer import check_vocab, tokenizer_for
 
@@ -239,3 +239,24 @@ def load_branch_weights(model, state, path):
                               f"({len(bad)} such); the model keys must describe the same stack")
     missing, _ = model.load_state_dict(state, strict=False)
     return [m for m in missing if not (m == "lm_head.weight" and model.config.tie_embeddings)]
+
+
+# the scripts' adaptive-depth keys (sample.py, eval_harness.py, probe.py, bench.py sample): model.Exit
+EXIT_KEYS = dict(
+    exit_rule="",          # adaptive depth: '' = off (every token runs every loop), 'prob' or 'kl' (model.Exit)
+    exit_threshold=0.9,    # 'prob': exit once the top probability >= this (0..1); 'kl': once KL(loop k-1 || k) <= this
+    exit_min_loops=1,      # no token exits before this many loops
+)
+
+
+def exit_option(rule, threshold, min_loops, model):
+    """model.Exit for the scripts' exit_* keys, or None when exit_rule is ''; a bad value, or exits on the non-looped
+    model (recurrence='none': K untied copies, no loop to leave), is one ConfigError line."""
+    if not rule:
+        return None
+    if model.rec.copies:
+        raise ConfigError(f"exit_rule={rule!r} is invalid for recurrence='none' (K untied copies, not loops): allowed ''")
+    try:
+        return Exit(rule, float(threshold), int(min_loops))
+    except ValueError as e:
+        raise ConfigError(str(e)) from None

@@ -5,9 +5,10 @@ Zero-shot evaluation of a pretrained checkpoint with lm-evaluation-harness (pape
     python eval_harness.py --ckpt=out/pretrain_disco --tasks=piqa --limit=100 --n_loop=6      # more loops than trained
     python eval_harness.py lm_eval --model discoloop --model_args ckpt=out/pretrain_disco --tasks piqa   # the harness CLI
     python eval_harness.py --ckpt=out/small_disco --tasks=table2_offline --include_path=data/benchmarks/out  # offline
+    python eval_harness.py --ckpt=out/small_disco --tasks=piqa --exit_rule=prob --exit_threshold=0.5   # adaptive depth
 
 Prints Table 2's row (acc_norm where the harness reports it, else acc, and the average) and
-writes JSON. The model is registered with the harness as "discoloop"; the harness's own CLI does not
+writes JSON (with exit_rule: the mean loops per scored token, model.Exit). The model is registered with the harness as "discoloop"; the harness's own CLI does not
 import third-party modules, so `python eval_harness.py lm_eval ...` runs it with this one registered.
 The tokenizer is the one the checkpoint records (a Hugging Face folder, read by pretrained.py: its tokenizer.json);
 one with ids past the model's rows is refused.
@@ -25,12 +26,14 @@ from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from tqdm import tqdm
 
 from common import autocast, resolve_device, table
-from checkpoint import checkpoint_tokenizer, load_checkpoint, model_from_checkpoint
+from checkpoint import EXIT_KEYS, checkpoint_tokenizer, exit_option, load_checkpoint, model_from_checkpoint
+from model import Exit
 from common import ERRORS, SYSTEM_CHECKS, CheckpointError, ConfigError, die
 from configurator import INT_GE0, INT_GE1, OUTPUT, configure
 from datafolder import beside_checkpoint
 from precision import resolve_dtype
-from pretrained import folder_tokenizer, from_pretrained, hf_folder, pretrained_architecture
+from pretrained import from_pretrained, hf_folder, pretrained_architecture
+from tokenizer import folder_tokenizer
 
 TABLE2 = ["arc_challenge", "arc_easy", "hellaswag", "lambada_openai", "piqa", "race", "sciq"]
 
@@ -51,7 +54,8 @@ def folder_tokenizer_first(path):
 
 @register_model("discoloop")
 class DiscoLoopLM(TemplateLM):
-    def __init__(self, ckpt, n_loop=None, batch_size=16, device="auto", dtype="auto", max_gen_toks=256, **_):
+    def __init__(self, ckpt, n_loop=None, batch_size=16, device="auto", dtype="auto", max_gen_toks=256, exit_rule="",
+                 exit_threshold=0.9, exit_min_loops=1, **_):
         super().__init__()
         self.dev = resolve_device(device)
         if hf_folder(ckpt):  # e.g. the pretrained model a looped one was continued from (data/smollm2/out)
@@ -67,6 +71,8 @@ class DiscoLoopLM(TemplateLM):
         if self.n_loop is not None and (self.n_loop < 1 or (self.model.rec.copies and self.n_loop > K)):
             raise ConfigError(f"n_loop={self.n_loop} is invalid: allowed 0 (the trained K={K}) or 1.."
                               f"{K if self.model.rec.copies else 'any'} for recurrence={self.model.config.recurrence!r}")
+        self.exits = exit_option(exit_rule, exit_threshold, exit_min_loops, self.model)
+        self.loops = [0, 0]  # adaptive depth: loops run by the scored inputs' tokens, and how many tokens
         self.batch = int(batch_size)
         self.max_gen_toks = int(max_gen_toks)
         self.ctx = autocast(self.dev, resolve_dtype(dtype, self.dev))
@@ -101,9 +107,13 @@ class DiscoLoopLM(TemplateLM):
         b = torch.cat([torch.full((n,), i) for i, (_, n) in enumerate(rows)])           # row of each scored position
         t = torch.cat([torch.arange(len(r) - 1 - n, len(r) - 1) for r, n in rows])      # its position
         with self.ctx:
-            h = self.model.hidden(x.to(self.dev), n_loop=self.n_loop)  # (B, T, d)
+            h = self.model.hidden(x.to(self.dev), n_loop=self.n_loop, exits=self.exits)  # (B, T, d)
             logits = self.model.head(h[b.to(self.dev), t.to(self.dev)])  # (scored, V)
         logp = F.log_softmax(logits.float(), dim=-1).cpu()
+        if self.exits is not None:  # the real positions of each row (right padding is not the model's work)
+            real = torch.arange(T)[None] < torch.tensor([len(r) - 1 for r, _ in rows])[:, None]
+            at = self.exits.loops.pop().cpu()
+            self.loops = [self.loops[0] + int(at[real].sum()), self.loops[1] + int(real.sum())]
         out, s = [], 0
         for r, n in rows:
             tgt = torch.tensor(r[-n:])
@@ -147,24 +157,21 @@ class DiscoLoopLM(TemplateLM):
             until = kw.get("until", [self.tok_decode([self.eot_token_id])])
             until = [until] if isinstance(until, str) else until
             max_new = int(kw.get("max_gen_toks", self.max_gen_toks))
-            ids = self.tok_encode(context)
-            new = []
-            # greedy, one new token per step through the key/value cache of every (loop, layer); a context that
-            # would run past the model's window slides instead, rerunning the window every step
-            cache = self.model.new_cache(self.n_loop) if len(ids) + max_new <= self.max_length else None
-            feed = ids
-            for _ in range(max_new):
-                x = torch.tensor([feed if cache is not None else (ids + new)[-self.max_length:]], device=self.dev)
-                with self.ctx:
-                    logits = self.model.head(self.model.hidden(x, n_loop=self.n_loop, cache=cache)[:, -1])  # (1, V)
-                nxt = int(logits[0, :self.enc.n_vocab].argmax())  # rows past the tokenizer pad the vocabulary
-                if nxt == self.eot_token_id:
-                    break
-                new.append(nxt)
-                feed = [nxt]
-                text = self.tok_decode(new)
-                if any(u in text for u in until):
-                    break
+            max_new = min(max_new, self.max_length - 1)
+            # greedy through GPT.generate's (loop, layer) cache; a context too long for the window keeps its last
+            # max_length - max_new tokens (as the harness's own HF model does)
+            ids = (self.tok_encode(context) or [self.eot_token_id])[-(self.max_length - max_new):]
+
+            def stop(y, n=len(ids)):
+                new = y[0, n:].tolist()
+                return new[-1] == self.eot_token_id or any(u in self.tok_decode(new) for u in until)
+            with self.ctx:
+                y = self.model.generate(torch.tensor([ids], device=self.dev), max_new, temperature=0, n_loop=self.n_loop,
+                                        n_vocab=self.enc.n_vocab, exits=self.exits, stop=stop)
+            if self.exits is not None:  # the mean depth counts the scored inputs (loglikelihood) only
+                self.exits.loops.clear()
+            new = y[0, len(ids):].tolist()
+            new = new[:-1] if new and new[-1] == self.eot_token_id else new
             text = self.tok_decode(new)
             for u in until:
                 text = text.split(u)[0]
@@ -197,12 +204,14 @@ DEFAULTS = dict(
     include_path="",          # folder of extra task YAMLs (local tasks; data/benchmarks/prepare.py writes Table 2's)
     threads=0,                # CPU threads (0 = torch default)
     json="",                  # output JSON (default: eval_harness.json in the run folder)
+    **EXIT_KEYS,
 )
 CHECKS = {**SYSTEM_CHECKS, "batch_size": INT_GE1, "limit": INT_GE0, "json": OUTPUT, "n_loop": INT_GE0,
           "tasks": (lambda v: all(t.strip() for t in v.split(",")), "a comma list of lm-eval task names"),
-          "include_path": (lambda v: v == "" or os.path.isdir(v), "'' or an existing folder of task YAMLs")}
+          "include_path": (lambda v: v == "" or os.path.isdir(v), "'' or an existing folder of task YAMLs"),
+          "exit_rule": (lambda v: v in ("", "prob", "kl"), "'' (off), 'prob' or 'kl'"), "exit_min_loops": INT_GE1}
 CHECKED = {}  # {ckpt path: checkpoint} read by check_model_args, so that the harness's model does not read it again
-MODEL_ARG_INTS = {"n_loop": 0, "batch_size": 1, "max_gen_toks": 1}  # our model's integer arguments and their minimum
+MODEL_ARG_INTS = {"n_loop": 0, "batch_size": 1, "max_gen_toks": 1, "exit_min_loops": 1}  # integer arguments, minimum
 
 
 def check_model_args(args):
@@ -218,6 +227,12 @@ def check_model_args(args):
     for key, lo in MODEL_ARG_INTS.items():
         if key in kv and not (kv[key].isdigit() and int(kv[key]) >= lo):
             raise ConfigError(f"--model_args {key}={kv[key]!r} is invalid: allowed an integer >= {lo}")
+    if kv.get("exit_rule"):  # rule and threshold (model.Exit's one check)
+        try:
+            Exit(kv["exit_rule"], float(kv.get("exit_threshold", 0.9)))
+        except ValueError as e:
+            raise ConfigError(f"--model_args exit_rule={kv['exit_rule']!r}, exit_threshold="
+                              f"{kv.get('exit_threshold', 0.9)!r}: {e}") from None
     if "dtype" in kv and not SYSTEM_CHECKS["dtype"][0](kv["dtype"]):
         raise ConfigError(f"--model_args dtype={kv['dtype']!r} is invalid: allowed {SYSTEM_CHECKS['dtype'][1]}")
     if hf_folder(kv["ckpt"]):
@@ -263,7 +278,8 @@ def main(argv):
         from lm_eval.tasks import TaskManager
         if c["threads"]:
             torch.set_num_threads(c["threads"])
-        lm = DiscoLoopLM(c["ckpt"], n_loop=c["n_loop"], batch_size=c["batch_size"], device=c["device"], dtype=c["dtype"])
+        lm = DiscoLoopLM(c["ckpt"], n_loop=c["n_loop"], batch_size=c["batch_size"], device=c["device"], dtype=c["dtype"],
+                         **{k: c[k] for k in EXIT_KEYS})
         tm = TaskManager(include_path=c["include_path"] or None)
         tasks = c["tasks"].split(",")
         unknown = [t for t in tasks if t not in tm.all_tasks]
@@ -289,8 +305,13 @@ def main(argv):
         die(e)
     row = table2_row(res["results"], tasks)
     print(table(list(row), [[f"{v:.1f}" for v in row.values()]]))
+    depth = lm.loops[0] / max(lm.loops[1], 1) if lm.exits is not None else None
+    if depth is not None:
+        print(f"adaptive depth ({c['exit_rule']} {c['exit_threshold']}, min {c['exit_min_loops']}): {depth:.3f} loops per "
+              f"token of {lm.n_loop or lm.model.config.n_loop}, over {lm.loops[1]} tokens of the scored inputs")
     with open(path, "w") as f:
-        json.dump({"row": row, "results": res["results"], "n_loop": c["n_loop"] or None}, f, indent=1, default=str)
+        json.dump({"row": row, "results": res["results"], "n_loop": c["n_loop"] or None, "mean_loops": depth,
+                   "exit": {k: c[k] for k in EXIT_KEYS}}, f, indent=1, default=str)
     print(f"wrote {path}")
 
 

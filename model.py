@@ -51,6 +51,21 @@ MLPS = ("swiglu", "gelu")
 POS_EMBS = ("rope", "learned", "none")
 GATES = ("fixed", "learned")
 CHECKPOINTING = ("none", "block")
+@dataclass
+class Exit:
+    """Adaptive depth, at inference only: after loop k < n_loop a token stops once its decoded p (top-k Phi: its top k
+    renormalised) is settled: "prob": max p >= threshold; "kl": KL(p_k-1 || p_k) <= threshold (from loop 2 on). Its
+    state then stays what it would feed loop k+1; later tokens attend to keys and values made from it (f_theta)."""
+    rule: str = "prob"
+    threshold: float = 0.9
+    min_loops: int = 1  # no exit before this many loops
+    loops: list = None  # each forward appends its (B, T) exit loops (blocks run: these x the looped layers)
+
+    def __post_init__(self):
+        hi, self.loops = math.inf if self.rule == "kl" else 1, []
+        if self.rule not in ("prob", "kl") or not 0 <= self.threshold <= hi or self.min_loops < 1:
+            raise ValueError(f"exit rule={self.rule!r}, threshold={self.threshold!r}, min_loops={self.min_loops!r} is "
+                             f"invalid: allowed rule 'prob' or 'kl', threshold 0..{hi} for it, min_loops >= 1")
 
 
 @dataclass
@@ -317,14 +332,9 @@ class Block(nn.Module):
 class GPT(nn.Module):
     @classmethod
     def from_pretrained(cls, folder, override_args=None, **overrides):
-        """nanoGPT's entry point, for a forker: a Hugging Face GPT-2/Llama/Qwen2 folder as a GPT through the project's
-        pretrained.py, looked up at call time (model.py copied alone imports and runs without it)."""
-        try:
-            loader = importlib.import_module("pretrained")  # at call time, by name: model.py imports nothing of ours
-        except ImportError:
-            raise ImportError("GPT.from_pretrained reads Hugging Face folders with the discoloop project's "
-                              "pretrained.py, which is not importable here: copy it beside model.py") from None
-        return loader.from_pretrained(folder, **(override_args or {}), **overrides)
+        """nanoGPT's entry point for a forker: a Hugging Face GPT-2/Llama/Qwen2 folder as a GPT through the project's
+        pretrained.py, imported at call time, by name (model.py copied alone imports and runs without it)."""
+        return importlib.import_module("pretrained").from_pretrained(folder, **(override_args or {}), **overrides)
 
     def __init__(self, config):
         super().__init__()
@@ -412,17 +422,22 @@ class GPT(nn.Module):
         cfg = self.config
         return cfg.n_prelude + cfg.n_coda + (cfg.n_layer - cfg.n_prelude - cfg.n_coda) * cfg.n_loop
 
-    def f_theta(self, x, copy=0, cache=None, part=None):
+    def f_theta(self, x, copy=0, cache=None, part=None, done=None):
         """One application of f_theta (the middle blocks when there is a prelude or coda); `copy` picks the untied
         copy for recurrence='none'; cache: this loop's KVCache of every layer (generation); part: 'prelude' or
-        'coda' runs those blocks instead (once, outside the loop)."""
+        'coda' runs those blocks instead (once, outside the loop). done (B, T): exited tokens (adaptive depth), whose
+        frozen state x enters every block (Elbayad et al.'s state copying); all exited: only their K/V are stored."""
         cfg = self.config
         rope = (self.rope_cos, self.rope_sin) if cfg.pos_emb == "rope" else None
         n = cfg.n_layer
         lo, hi = {"prelude": (0, cfg.n_prelude), "coda": (n - cfg.n_coda, n)}.get(part, (cfg.n_prelude, n - cfg.n_coda))
+        x0, store = x, done is not None and bool(done.all())
         for i, block in zip(range(lo, hi), self.transformer.h[copy * n + lo:copy * n + hi]):
-            # generation (a cache) runs the blocks eager: a compiled block would recompile for every cache length
-            x = block(x, rope) if cache is None else block.layers(x, rope, cache[i])
+            x = x if done is None else torch.where(done[..., None], x0, x)
+            if not store:  # generation (a cache) runs the blocks eager: a compiled block would recompile for every length
+                x = block(x, rope) if cache is None else block.layers(x, rope, cache[i])
+            elif cache is not None:  # the later tokens attend to these keys and values
+                block.attn(block.ln_1(x), rope, cache[i])
         return x
 
     def compile_blocks(self, enable=True, **options):
@@ -437,13 +452,15 @@ class GPT(nn.Module):
                 del block.forward
         return self
 
-    def phi(self, h):
+    def phi(self, h, p=None):
         """Decode-then-encode Phi(h) = softmax(head(h)/tau) @ W, exact or top-k (Appendix B; TopkPhi).
         Exact Phi decodes `phi_chunk` positions at a time; its (B, chunk, V) probabilities are kept
         for backward, which is what top-k avoids, unless activation_checkpointing='block', which then
         recomputes each chunk in backward (PonderLM's exact Phi at the 440M shape needs it)."""
         cfg = self.config
         W, head = self.transformer.wte.weight, self.lm_head.weight  # one tensor unless tie_embeddings=False
+        if p is not None:  # decoded already (decode, adaptive depth): encode it
+            return (p @ W).to(h.dtype)
         x = self.normed(h)
         chunk = cfg.phi_chunk or x.size(1)
         if cfg.phi_topk:  # tied only (GPTConfig)
@@ -483,10 +500,10 @@ class GPT(nn.Module):
                                     cfg.label_smoothing)
         return None, loss
 
-    def hidden(self, idx, n_loop=None, hook=None, cache=None, loops=None):
+    def hidden(self, idx, n_loop=None, hook=None, cache=None, loops=None, exits=None):
         """The final state that the LM head reads, (B, T, d): embed -> prelude -> K loops of f_theta, each followed by
         the recurrence's update (between) -> coda. See forward; cache (new_cache): idx continues the positions
-        already cached, whose keys and values every loop reuses (generation)."""
+        already cached, whose keys and values every loop reuses (generation). exits: an Exit (adaptive depth)."""
         cfg = self.config
         B, T = idx.size()
         t0 = len(cache[0][0]) if cache is not None else 0
@@ -496,24 +513,33 @@ class GPT(nn.Module):
         if K < 1 or (self.rec.copies and K > cfg.n_loop):
             raise ValueError(f"n_loop={K} is invalid: allowed 1.."
                              f"{cfg.n_loop if self.rec.copies else 'any'} for recurrence={cfg.recurrence}")
+        if exits is not None:  # each token's exit loop (set in place below), and the p of the loop before
+            exits.loops.append(at := torch.full((B, T), K, device=idx.device))
+            p = None
         x, pos = self.embed(idx, t0)
         if cfg.n_prelude:
             x = self.f_theta(x, cache=cache[0] if cache is not None else None, part="prelude")
         for k in range(1, K + 1):
             # a recurrence in embedding space runs the whole model every pass (PonderLM's GPT-2 adds positions each time)
             again = pos is not None and (self.rec.embed or (cfg.pos_every_loop and k > 1))
+            done = None if exits is None else at < k  # tokens exited at an earlier loop: their state x stays
             h = self.f_theta(x + pos if again else x, copy=k - 1 if self.rec.copies else 0,
-                             cache=cache[k - 1] if cache is not None else None)
+                             cache=cache[k - 1] if cache is not None else None, done=done)
+            if done is not None and done.all():  # every token exited: f_theta only stored their keys and values
+                continue
             if cfg.per_loop_norm:  # Ouro: the normed state is what the next loop (and Phi) sees
                 h = self.transformer.ln_f(h)
-            x_next = h if k == K else self.between(h, x)
+            if exits is not None and k < K:  # the tokens settled after this loop (min_loops on) exit here
+                p, stop = self.decode(h, p, exits)
+                at.masked_fill_(stop & (at == K) & (k >= exits.min_loops), k)
+            x_next = h if k == K else self.between(h, x, p if exits is not None else None)
             if hook is not None:
                 replaced = hook(k, h, x_next)
                 x_next = x_next if replaced is None else replaced
-            if loops is not None:  # the rows that stop here keep this loop's output (what the head reads after it)
-                out = h if k == 1 else torch.where((loops == k).view(B, 1, 1), h, out)
-            x = x_next
-        x = x if loops is None else out
+            if loops is not None or exits is not None:  # rows (tokens) that stopped keep their last loop's output
+                out = h if k == 1 else torch.where((loops < k)[:, None, None] if exits is None else (at < k)[..., None], out, h)
+            x = x_next if exits is None else torch.where(done[..., None], x, x_next)
+        x = x if loops is None and exits is None else out
         if cfg.n_coda:  # the head reads the coda's output (after the loop, or after a row's own loop count)
             x = self.f_theta(x, cache=cache[0] if cache is not None else None, part="coda")
         return x
@@ -539,21 +565,29 @@ class GPT(nn.Module):
         pos = self.transformer.wpe(where)  # (T, d) or (B, T, d)
         return (x, pos) if self.rec.embed else (x + pos, pos)
 
-    def between(self, h, x):
+    def between(self, h, x, p=None):
         """The recurrence's update between two loops: what feeds the next loop, from this loop's output h and
         its input x. Every recurrence's update is here (and its facts in RECURRENCES)."""
         rec = self.config.recurrence
         if rec == "disco":  # Eq. (3)-(5): H~ = H + a * RMSNorm(Phi(H))
-            return self.inject(h)
+            return self.inject(h, p)
         if rec == "ponder":  # the embedding plus the expected embedding of the prediction, probs @ (W * scale)
-            return x + self.emb_scale() * self.phi(h)
+            return x + self.emb_scale() * self.phi(h, p)
         return h  # loop (Eq. 1), none (the next untied copy)
 
-    def inject(self, h):
-        """H~ = H + a * RMSNorm(Phi(H)) (Eq. 3), with the fixed or learned gate (Eq. 5)."""
-        e = self.phi(h)  # (B, T, d)
+    def inject(self, h, p=None):
+        """H~ = H + a * RMSNorm(Phi(H)) (Eq. 3), with the fixed or learned gate (Eq. 5); p: Phi's decoded p."""
+        e = self.phi(h, p)  # (B, T, d)
         alpha = self.gate(e).unsqueeze(-1) if self.config.disco_gate == "learned" else self.config.disco_alpha
         return h + alpha * self.transformer.ln_inj(e)
+
+    def decode(self, h, before, exits):
+        """(p = softmax(head(h)/tau) as Phi encodes it, settled (B, T) by the exit rule): one head application."""
+        logits, k = upcast(self.head(h)) / self.config.phi_tau, self.config.phi_topk if self.rec.phi else 0
+        p = (logits.masked_fill(logits < logits.topk(k, dim=-1).values[..., -1:], -math.inf) if k else logits).softmax(-1)
+        if exits.rule == "prob" or before is None:  # "kl" compares with the loop before: none at loop 1
+            return p, (p.amax(-1) >= exits.threshold) & (exits.rule == "prob")
+        return p, (before * (before.clamp_min(1e-30).log() - p.clamp_min(1e-30).log())).sum(-1) <= exits.threshold
 
     def gate(self, e):
         """The learned gate of Eq. (5), a_t = sigmoid(<w, Phi(H_t)> + b), (B, T), from e = Phi(H)."""
@@ -596,19 +630,19 @@ class GPT(nn.Module):
 
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, n_loop=None, use_cache=True,
-                 generator=None, n_vocab=None):
+                 generator=None, n_vocab=None, exits=None, stop=None):
         """nanoGPT's generate: idx (B, T) and max_new_tokens more, each sampled from the head after n_loop loops
         (default K) among ids < n_vocab (default all: rows past a tokenizer's ids only pad the embedding). temperature
         0 = greedy; top_k keeps the k likeliest. With use_cache the prompt runs once and each new token runs through
         every loop alone, reusing the cached keys and values (new_cache); without, every step reruns the whole prefix.
-        Past block_size is an error, not a sliding window: shifted positions would no longer be the model's sequence."""
+        exits: an Exit (adaptive depth); stop(idx) True ends it early. Past block_size is an error, not a sliding window."""
         if idx.size(1) + max_new_tokens > self.config.block_size:
             raise ValueError(f"prompt ({idx.size(1)} tokens) + max_new_tokens={max_new_tokens} exceeds "
                              f"block_size={self.config.block_size}: shorten the prompt or ask for fewer tokens")
         cache = self.new_cache(n_loop) if use_cache else None
         new = idx
         for _ in range(max_new_tokens):
-            logits = self.head(self.hidden(new, n_loop=n_loop, cache=cache)[:, -1]).float()[:, :n_vocab]  # (B, V)
+            logits = self.head(self.hidden(new, n_loop, cache=cache, exits=exits)[:, -1]).float()[:, :n_vocab]  # (B, V)
             if temperature == 0:
                 nxt = logits.argmax(-1, keepdim=True)
             else:
@@ -619,4 +653,6 @@ class GPT(nn.Module):
                 nxt = torch.multinomial(logits.softmax(-1), 1, generator=generator)
             idx = torch.cat([idx, nxt], dim=1)
             new = nxt if use_cache else idx
+            if stop is not None and stop(idx):
+                break
         return idx

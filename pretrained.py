@@ -18,7 +18,6 @@ with a warning, as transformers loads it. Every error is a ValueError (common.py
 wrong inside it (a missing or unreadable file, JSON of the wrong shape, a truncated or pickled weights file,
 weights that do not fit) is a one-line DataError naming the file. Callers catch ValueError.
 """
-import importlib
 import math
 import os
 import sys
@@ -306,11 +305,3 @@ PRETRAINED = {
     "llama": (("LlamaForCausalLM", "LlamaModel"), _llama_config, _llama_weights),
     "qwen2": (("Qwen2ForCausalLM", "Qwen2Model"), _llama_config, _llama_weights),
 }
-
-
-def __getattr__(name):
-    """folder_tokenizer moved to tokenizer.py (a tokenizer helper); eval_harness.py still imports it from here until
-    its owner's next change: looked up by name at that import, so this loader stays below the tokenizer."""
-    if name == "folder_tokenizer":
-        return importlib.import_module("tokenizer").folder_tokenizer  # see the docstring: a moved name, by name
-    raise AttributeError(f"module 'pretrained' has no attribute {name!r}")

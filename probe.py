@@ -5,6 +5,7 @@ Mechanistic probes of a trained checkpoint on the dataset it was trained on (pap
     python probe.py lens  --ckpt=out/symbolic_loop                     # Table 1(b): logit lens at the bridge
     python probe.py sweep --ckpt=out/symbolic_loop --norm=rms          # Fig. 2: the intervention of Eq. (2)
     python probe.py gate  --ckpt=out/nl_direct                         # learned gate per token type
+    python probe.py exit  --ckpt=out/hops --exit_thresholds=0.5,0.9 --png=exit.png   # adaptive depth vs fixed K
     python probe.py plot  out/symbolic out/symbolic_loop out/symbolic_flat --png=assets/curves.png   # Fig. 3
 
 Each prints a markdown table and writes JSON (--json=PATH, default OUT_DIR/probe_<command>.json).
@@ -19,7 +20,7 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from checkpoint import config_mismatch, load_checkpoint, model_from_checkpoint
+from checkpoint import config_mismatch, exit_option, load_checkpoint, model_from_checkpoint
 import plots
 from common import (ERRORS, SYSTEM_CHECKS, CheckpointError, ConfigError, DataError, autocast, die, setup,
                     table)
@@ -255,15 +256,88 @@ def cmd_gate(model, data):
     return {**out, **pos}
 
 
+@torch.no_grad()
+def adaptive_accuracy(model, X, Y, exits, K, batch_size=2048):
+    """(right (N,), exit loops (N, T)) of a question split with adaptive depth (model.Exit), the head read off each
+    answer token's own exit state."""
+    right, loops = [], []
+    for i in range(0, len(X), batch_size):
+        x, y = X[i:i + batch_size], Y[i:i + batch_size]
+        h = model.hidden(x, n_loop=K, exits=exits)
+        ok = torch.ones_like(y, dtype=torch.bool)
+        ok[y != -1] = model.head(h[y != -1]).argmax(-1) == y[y != -1]
+        right.append(ok.all(1))
+        loops.append(exits.loops.pop())
+    return torch.cat(right), torch.cat(loops)
+
+
+def cmd_exit(model, data, exits, K, png=None, only=""):
+    """Adaptive depth (model.Exit, one per threshold) against fixed loop counts 1..K, per split: accuracy, the mean
+    loops per token (a question's real tokens, pads left out: the blocks it runs are these x the looped layers),
+    the exit loop of the answer token (histogram) and of each position (mean, from the first real token)."""
+    splits = {s: v for s, v in data.splits.items() if not only or s in only.split(",")}
+    if not splits:
+        raise ConfigError(f"splits={only!r} names no split of this dataset: allowed a comma list of {list(data.splits)}")
+    hops = {s: data.meta["splits"][s]["hops"] for s in splits}
+    fixed = {n: {s: accuracy(model, X, Y, n_loop=n)[0] for s, (X, Y) in splits.items()} for n in range(1, K + 1)}
+    out, rows = {"K": K, "fixed": fixed, "adaptive": {}}, []
+    for ex in exits:
+        res = {}
+        for s, (X, Y) in splits.items():
+            right, at = adaptive_accuracy(model, X, Y, ex, K)
+            rel = torch.arange(X.size(1))[None] - lead_pads(data, X)[:, None]  # position from the first real token
+            last = X.size(1) - 1 - (Y != -1).flip(1).int().argmax(1)  # the last answer token: right padding after it
+            rel = rel.masked_fill(torch.arange(X.size(1))[None] > last[:, None], -1)  # (-1: not a real token)
+            hist = torch.bincount(at[Y != -1], minlength=K + 1)[1:].float() / (Y != -1).sum()
+            res[s] = {"hops": hops[s], "acc": right.double().mean().item(), "mean_loops": at[rel >= 0].double().mean().item(),
+                      "answer_exit_hist": hist.tolist(),
+                      "position_mean_exit": [at[rel == t].float().mean().item() for t in range(int(rel.max()) + 1)]}
+            r = res[s]
+            rows.append([f"{ex.rule} {ex.threshold:g}", s, r["hops"], r["acc"], fixed[K][s], r["mean_loops"],
+                         f"{1 - r['mean_loops'] / K:.1%}", " ".join(f"{v:.3f}" for v in hist.tolist()),
+                         " ".join(f"{v:.2f}" for v in r["position_mean_exit"])])
+        out["adaptive"][f"{ex.threshold:g}"] = res
+    print(table(["exit", "split", "hops", "acc", f"acc K={K}", "loops/token", "blocks saved",
+                 "answer exits at 1..K", "mean exit loop by position"], rows))
+    print(table(["split", "hops"] + [f"fixed n={n}" for n in fixed],
+                [[s, hops[s]] + [fixed[n][s] for n in fixed] for s in splits]))
+    if png:
+        plot_exit(out, hops, png, f"{exits[0].rule}, min_loops {exits[0].min_loops}")
+    return out
+
+
+def plot_exit(out, hops, png, what):
+    """Accuracy against mean loops per token: the adaptive curve over thresholds, the fixed-K points beside it."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    groups = sorted(set(hops.values()))
+    fig, axes = plt.subplots(1, len(groups), figsize=(3.6 * len(groups), 3.2), squeeze=False)
+    for ax, g in zip(axes[0], groups):
+        for i, s in enumerate(s for s in hops if hops[s] == g):
+            c = f"C{i}"
+            pts = sorted((r[s]["mean_loops"], r[s]["acc"]) for r in out["adaptive"].values())
+            ax.plot(*zip(*pts), marker="o", color=c, label=f"{s} adaptive")
+            ax.plot(list(out["fixed"]), [out["fixed"][n][s] for n in out["fixed"]], marker="x", ls=":", color=c,
+                    label=f"{s} fixed n")
+        ax.set(xlabel="mean loops per token", ylabel="accuracy", title=f"{g}-hop", ylim=(-0.02, 1.02))
+        ax.legend(fontsize=6)
+    fig.suptitle(f"adaptive depth ({what}) vs fixed loop counts", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(png, dpi=120)
+    print(f"wrote {png}")
+
+
 COMMANDS = {"acc": "Table 1(a): accuracy per split after 1..K+1 loops",
             "lens": "Table 1(b): logit lens at the bridge position",
             "sweep": "Fig. 2: the training-free intervention of Eq. (2), swept over alpha",
             "gate": "the learned gate by token type and position",
+            "exit": "adaptive depth (model.Exit) per split: accuracy, exit loops, loops per token, vs fixed K",
             "plot": "Fig. 3: training curves of run folders (given as positional arguments)"}
 DEFAULTS = dict(
     ckpt="",          # checkpoint file or run folder (every command but plot)
     data_dir="",      # dataset folder (default: the one the checkpoint was trained on)
-    n_loop="",        # acc: comma-separated loop counts (default: 1..K+1)
+    n_loop="",        # acc: comma-separated loop counts (default: 1..K+1); exit: the most loops (default K)
     norm="rms",       # sweep: Norm of Eq. (2): 'rms' (match the hidden state's RMS), 'unit' or 'none'
     alphas="0,0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9,1.0",  # sweep: comma-separated intervention strengths
     png="",           # sweep, plot: write a figure here
@@ -272,6 +346,10 @@ DEFAULTS = dict(
     stop_patience=10,  # plot: ... and this patience (evaluations)
     at_epoch=-1.0,    # plot: read every run only up to this epoch (-1 = to its end), e.g. to compare routes
     hops=2,           # plot: which questions to draw and tabulate (3 = the *_3hop splits of config/symbolic3.py)
+    exit_rule="prob",  # exit: 'prob' (top probability >= threshold) or 'kl' (KL between loops <= threshold)
+    exit_thresholds="0.5,0.7,0.8,0.9,0.95,0.99",  # exit: comma-separated thresholds, one adaptive point each
+    exit_min_loops=1,  # exit: no token exits before this many loops
+    splits="",        # exit: comma list of the splits to measure ('' = all)
     raw=False,        # probe the raw weights, not the weight average (EMA)
     threads=0,        # CPU threads (0 = torch's choice)
     device="auto",    # 'auto' | 'cpu' | 'cuda' (common.py's rule)
@@ -280,6 +358,7 @@ DEFAULTS = dict(
 CHECKPOINT_KEYS = {"ckpt", "data_dir", "json", "raw", "threads", "device", "dtype"}
 USES = {"acc": CHECKPOINT_KEYS | {"n_loop"}, "lens": CHECKPOINT_KEYS, "gate": CHECKPOINT_KEYS,
         "sweep": CHECKPOINT_KEYS | {"norm", "alphas", "png"},
+        "exit": CHECKPOINT_KEYS | {"n_loop", "png", "exit_rule", "exit_thresholds", "exit_min_loops", "splits"},
         "plot": {"png", "json", "stop_metric", "stop_patience", "at_epoch", "hops", "threads"}}
 
 
@@ -301,6 +380,8 @@ CHECKS = {**SYSTEM_CHECKS, "stop_metric": STOP_METRIC_CHECK, "stop_patience": IN
                   f"a writable figure path ending in {', '.join(plots.FIGURE_EXTENSIONS)}"),
           "norm": one_of(*NORMS), "n_loop": (loop_counts, "loop counts >= 1, comma-separated (e.g. '1,2,3')"),
           "alphas": (finite_numbers, "comma-separated finite numbers (e.g. '0,0.5,1')"),
+          "exit_thresholds": (finite_numbers, "comma-separated finite numbers (e.g. '0.5,0.9')"),
+          "exit_rule": one_of("prob", "kl"), "exit_min_loops": INT_GE1,
           "at_epoch": (lambda v: v == -1 or num(0)[0](v), "-1 (the whole run) or an epoch >= 0"),
           "hops": (lambda v: v >= 2, "an integer >= 2 (the k of the k-hop splits)")}
 
@@ -349,11 +430,18 @@ def run_probe(cmd, a, device):
     """A checkpoint command: (results, JSON path)."""
     out = a["json"] or beside_checkpoint(a["ckpt"], f"probe_{cmd}.json")  # before the work, not after it
     model, data = load(a["ckpt"], a["data_dir"], a["raw"])
+    if cmd == "exit":  # every threshold checked (and exits on a non-looped checkpoint refused) before the work
+        exits = [exit_option(a["exit_rule"], t, a["exit_min_loops"], model) for t in a["exit_thresholds"].split(",")]
+        if "," in a["n_loop"]:
+            raise ConfigError(f"n_loop={a['n_loop']!r} is invalid for probe.py exit: allowed one loop count (the most)")
+        K = int(a["n_loop"] or model.config.n_loop)
     with torch.no_grad(), autocast(device, resolve_dtype(a["dtype"], device)):
         if cmd == "acc":
             res = cmd_acc(model, data, acc_loops(a["n_loop"], model))
         elif cmd == "lens":
             res = cmd_lens(model, data)
+        elif cmd == "exit":
+            res = cmd_exit(model, data, exits, K, a["png"] or None, a["splits"])
         elif cmd == "sweep":
             res = cmd_sweep(model, data, a["norm"], [float(x) for x in a["alphas"].split(",")], a["png"] or None)
         else:

@@ -3,6 +3,7 @@ Sample from a trained model (nanoGPT's sample.py), with a key/value cache per (l
 
     python sample.py --ckpt=out/small_disco --start="ROMEO:" --num_samples=3 --max_new_tokens=200
     python sample.py --ckpt=out/small_disco --start=FILE:prompt.txt --temperature=0.6 --top_k=40 --n_loop=6
+    python sample.py --ckpt=out/small_disco --exit_rule=prob --exit_threshold=0.5     # adaptive depth (model.Exit)
 
 The tokenizer is the checkpoint's (tiktoken, bytes or tokenizer.json for token shards; the vocabulary's
 words for a question-answer folder). The same --seed gives the same samples, with or without the cache.
@@ -11,7 +12,7 @@ import sys
 
 import torch
 
-from checkpoint import checkpoint_tokenizer, load_checkpoint, model_from_checkpoint
+from checkpoint import EXIT_KEYS, checkpoint_tokenizer, exit_option, load_checkpoint, model_from_checkpoint
 from common import ERRORS, SYSTEM_CHECKS, ConfigError, autocast, die, setup
 from configurator import INT_GE0, INT_GE1, configure, num
 from precision import resolve_dtype
@@ -30,9 +31,11 @@ DEFAULTS = dict(
     threads=0,           # CPU threads (0 = torch's choice)
     device="auto",       # 'auto' | 'cpu' | 'cuda' (common.py's rule)
     dtype="float32",     # 'float32' | 'bfloat16' | 'auto'
+    **EXIT_KEYS,
 )
 CHECKS = {**SYSTEM_CHECKS, "num_samples": INT_GE1, "max_new_tokens": INT_GE1, "top_k": INT_GE0, "n_loop": INT_GE0,
-          "temperature": num(0)}
+          "temperature": num(0),
+          "exit_rule": (lambda v: v in ("", "prob", "kl"), "'' (off), 'prob' or 'kl'"), "exit_min_loops": INT_GE1}
 
 
 def read_prompt(start):
@@ -61,6 +64,7 @@ def main(argv):
         ckpt = load_checkpoint(c["ckpt"])
         enc = checkpoint_tokenizer(ckpt, c["ckpt"])  # a tokenizer with ids the model has no row for: one line
         model = model_from_checkpoint(ckpt, use_ema=not c["raw"]).to(device).eval()
+        exits = exit_option(c["exit_rule"], c["exit_threshold"], c["exit_min_loops"], model)
         ids = enc.encode_ordinary(start) or ([enc.eot_token] if enc.eot_token is not None else [])
         if not ids:
             raise ConfigError(f"start={c['start']!r} gives no token and the tokenizer has no end-of-text token: "
@@ -72,9 +76,13 @@ def main(argv):
             for _ in range(c["num_samples"]):
                 y = model.generate(x, c["max_new_tokens"], temperature=c["temperature"], top_k=c["top_k"] or None,
                                    n_loop=c["n_loop"] or None, use_cache=c["use_cache"], generator=gen,
-                                   n_vocab=enc.n_vocab)  # rows past the tokenizer's ids pad the vocabulary
+                                   n_vocab=enc.n_vocab, exits=exits)  # rows past the tokenizer's ids pad the vocabulary
                 print(enc.decode(y[0].tolist()))
                 print("---------------")
+        if exits is not None:  # on stderr: stdout stays the samples
+            loops, K = torch.cat([t.flatten() for t in exits.loops]).float(), c["n_loop"] or model.config.n_loop
+            print(f"adaptive depth ({c['exit_rule']} {c['exit_threshold']}): {loops.mean():.3f} loops per token of {K} "
+                  f"over {loops.numel()} token passes, {1 - loops.mean() / K:.1%} of the looped blocks saved", file=sys.stderr)
     except (*ERRORS, ValueError, OSError) as e:
         die(e if not isinstance(e, OSError) else f"{getattr(e, 'filename', '')}: {e.strerror}")
 

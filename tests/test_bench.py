@@ -207,3 +207,17 @@ def test_gpu_device_check_dry_runs_on_cpu(tiny_data, tmp_path):
                            capture_output=True, text=True, timeout=60)
         assert r.returncode == 2 and r.stderr.startswith("error:") and needle in r.stderr, (bad, r.stderr)
         assert len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / "new").exists()
+
+
+def test_bench_sample_with_exits():
+    """exit_rule adds a row: threshold 0 exits every new token after loop 1 (K=2: half the looped blocks saved); a bad
+    threshold, or exits on the non-looped model, is one line."""
+    args = ["bench.py", "sample", "config/pretrain_tiny.py", "--vocab_size=64", "--n_embd=32", "--n_head=2",
+            "--n_layer=1", "--new_tokens=8", "--prompt=4", "--threads=1", "--n_loop=2"]
+    r = run(args + ["--exit_rule=prob", "--exit_threshold=0"])
+    assert r.returncode == 0, r.stderr[-2000:]
+    row = next(line for line in r.stdout.splitlines() if line.startswith("| cache + exits (prob 0, min 1) |"))
+    assert "| 1 | 50.0% |" in row, row
+    one_line(run(args + ["--exit_rule=prob", "--exit_threshold=2"]), "threshold=2.0")
+    one_line(run(args + ["--exit_rule=maybe"]), "exit_rule='maybe'")
+    one_line(run(args + ["--exit_rule=prob", "--recurrence=none"]), "recurrence='none'")

@@ -227,3 +227,22 @@ def test_a_checkpoint_is_read_with_a_tokenizer_that_fits_it(ckpt, tmp_path):
         for script in (["sample.py", f"--ckpt={path}", *args], ["eval_harness.py", f"--ckpt={path}", "--tasks=piqa"]):
             r = run(script)
             assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and needle in r.stderr, r.stderr[-2000:]
+
+
+def test_adaptive_depth_scores_and_generates(ckpt):
+    """exit_rule: all exits after loop 1 score as n_loop=1; never, as the trained K; the mean depth is counted on the
+    real tokens; generate_until runs through GPT.generate with the same exits; a bad threshold is one line."""
+    from eval_harness import DiscoLoopLM
+    from common import ConfigError
+    reqs = [Req(c, x) for c, x in PAIRS]
+    for kw, same in (({"exit_threshold": 0.0}, {"n_loop": 1}), ({"exit_min_loops": 2}, {})):
+        lm = DiscoLoopLM(ckpt, batch_size=4, dtype="float32", exit_rule="prob", **kw)
+        ref = DiscoLoopLM(ckpt, batch_size=4, dtype="float32", **same)
+        for a, b in zip(lm.loglikelihood(reqs, disable_tqdm=True), ref.loglikelihood(reqs, disable_tqdm=True)):
+            assert a[0] == pytest.approx(b[0], abs=1e-5) and a[1] == b[1]
+        n = sum(len(lm.enc.encode_ordinary(c + x)) - 1 for c, x in PAIRS)
+        assert lm.loops == [n * (same.get("n_loop") or 2), n]
+        gen = [Req("The small cat", {"until": ["\n\n"], "max_gen_toks": 8})]
+        assert lm.generate_until(gen, disable_tqdm=True) == ref.generate_until(gen, disable_tqdm=True)
+    with pytest.raises(ConfigError, match=r"threshold=1\.5, .*allowed"):
+        DiscoLoopLM(ckpt, exit_rule="prob", exit_threshold=1.5)

@@ -3,7 +3,7 @@ position, for every recurrence, n_loop other than K, prompts of several lengths,
 import pytest
 import torch
 
-from model import GPT, GPTConfig
+from model import GPT, Exit, GPTConfig
 
 BLOCK = 24
 CASES = [("loop", {}), ("none", {}), ("disco", {}), ("disco", {"phi_topk": 5}), ("disco", {"disco_gate": "learned"}),
@@ -13,8 +13,8 @@ CASES = [("loop", {}), ("none", {}), ("disco", {}), ("disco", {"phi_topk": 5}), 
 
 def make(recurrence, pos_emb, **kw):
     torch.manual_seed(0)
-    model = GPT(GPTConfig(block_size=BLOCK, vocab_size=50, n_layer=2, n_head=2, n_embd=32, pos_emb=pos_emb,
-                          recurrence=recurrence, n_loop=3, **kw)).eval()
+    model = GPT(GPTConfig(**{**dict(block_size=BLOCK, vocab_size=50, n_layer=2, n_head=2, n_embd=32, pos_emb=pos_emb,
+                                     recurrence=recurrence, n_loop=3), **kw})).eval()
     with torch.no_grad():  # non-trivial norms and gate so that every term matters
         for n, p in model.named_parameters():
             if "ln" in n or n.startswith("gate"):
@@ -62,3 +62,137 @@ def test_past_block_size_is_one_clear_error():
     with pytest.raises(ValueError, match="exceeds block_size=24"):
         model.generate(torch.zeros(1, 20, dtype=torch.long), 5)
     assert model.generate(torch.zeros(1, 20, dtype=torch.long), 4).shape == (1, 24)  # exactly up to it is fine
+
+
+# ---- adaptive depth (issue 55): Exit, float64 ---------------------------------------------------------------------
+EXIT_CASES = [("disco", {}), ("disco", {"phi_topk": 5}), ("disco", {"disco_gate": "learned", "per_loop_norm": True}),
+              ("loop", {}), ("ponder", {}), ("disco", {"n_layer": 3, "n_prelude": 1, "n_coda": 1})]
+
+
+def make64(recurrence, **kw):
+    return make(recurrence, "rope", **kw).double()
+
+
+def max_p(model, seq):
+    """(K, B, T) the largest probability the rule reads after every loop, without exits."""
+    out = []
+    model.hidden(seq, hook=lambda k, h, nxt: out.append(model.decode(h, None, Exit())[0].amax(-1)))
+    return torch.stack(out)
+
+
+@pytest.mark.parametrize("recurrence,kw", EXIT_CASES)
+def test_exits_that_never_fire_are_the_plain_forward(recurrence, kw):
+    model, seq = make64(recurrence, **kw), torch.randint(0, 50, (2, BLOCK))
+    with torch.no_grad():
+        want = model.hidden(seq)
+        for ex in (Exit(min_loops=3), Exit("kl", threshold=0.0), Exit(threshold=1.0)):
+            torch.testing.assert_close(model.hidden(seq, exits=ex), want, rtol=0, atol=1e-12)
+            assert torch.equal(ex.loops[0], torch.full((2, BLOCK), 3))  # every token ran every loop
+
+
+@pytest.mark.parametrize("recurrence,kw", EXIT_CASES)
+def test_exits_that_all_fire_after_loop_j_are_j_loops(recurrence, kw):
+    model, seq = make64(recurrence, **kw), torch.randint(0, 50, (2, BLOCK))
+    with torch.no_grad():
+        for j in (1, 2):
+            ex = Exit(threshold=0.0, min_loops=j)
+            torch.testing.assert_close(model.hidden(seq, exits=ex), model.hidden(seq, n_loop=j), rtol=0, atol=1e-12)
+            assert torch.equal(ex.loops[0], torch.full((2, BLOCK), j))
+
+
+def midway(values):
+    """A threshold halfway between the two middle values: half the tokens on each side, none on the edge (where
+    rounding would decide)."""
+    v = values.flatten().sort().values
+    return (v[len(v) // 2 - 1] + v[len(v) // 2]).item() / 2
+
+
+def mixed_exit(model, seq, j):
+    """An Exit from loop j at the median top probability after loop j: some tokens exit, some run on."""
+    with torch.no_grad():
+        return Exit(threshold=midway(max_p(model, seq)[j - 1]), min_loops=j)
+
+
+@pytest.mark.parametrize("recurrence,kw", EXIT_CASES[:-1] + [("loop", {"n_layer": 3, "n_prelude": 1})])
+def test_a_token_exiting_at_j_has_the_logits_of_j_loops(recurrence, kw):
+    """Every token runs at least j loops (min_loops=j), so up to loop j nothing it attends to is frozen: a token that
+    exits at j gets the logits of a j-loop forward; later tokens attend to its frozen state after that.
+    (Not with a coda: it runs once on every token's final state, so an exited token's coda reads earlier tokens that
+    ran on.)"""
+    model, seq = make64(recurrence, **kw), torch.randint(0, 50, (2, BLOCK))
+    for j in (1, 2):
+        ex = mixed_exit(model, seq, j)
+        with torch.no_grad():
+            got, want, full = (model.head(model.hidden(seq, exits=ex)), model.head(model.hidden(seq, n_loop=j)),
+                               model.head(model.hidden(seq)))
+        at = ex.loops[0]
+        assert (at == j).any() and (at == 3).any(), at  # a mix, so the test can fail
+        torch.testing.assert_close(got[at == j], want[at == j], rtol=0, atol=1e-10)
+        # the tokens that ran on after an earlier token froze see its frozen state: not the plain forward
+        assert (got[at == 3] - full[at == 3]).abs().max() > 1e-9  # (small at random init, far above float64's 1e-15)
+
+
+@pytest.mark.parametrize("recurrence,kw", EXIT_CASES)
+@pytest.mark.parametrize("rule", ["prob", "kl"])
+def test_cached_generation_with_exits_is_the_uncached_adaptive_forward(recurrence, kw, rule):
+    model, seq = make64(recurrence, **kw), torch.randint(0, 50, (2, BLOCK))
+    if rule == "prob":
+        ex = mixed_exit(model, seq, 1)
+    else:  # the median KL between loops 1 and 2
+        with torch.no_grad():
+            ps = []
+            model.hidden(seq, hook=lambda k, h, nxt: ps.append(model.decode(h, None, Exit())[0]))
+        kl = (ps[0] * (ps[0].clamp_min(1e-30).log() - ps[1].clamp_min(1e-30).log())).sum(-1)  # top-k: zeros
+        ex = Exit("kl", threshold=midway(kl))
+    with torch.no_grad():
+        want, want_at = model.head(model.hidden(seq, exits=ex)), ex.loops.pop()
+        for prompt, step in ((7, 1), (6, 3)):  # one and several new tokens per call
+            cache, out = model.new_cache(), []
+            for s, e in [(0, prompt)] + [(t, t + step) for t in range(prompt, BLOCK, step)]:
+                out.append(model.head(model.hidden(seq[:, s:e], cache=cache, exits=ex)))
+            torch.testing.assert_close(torch.cat(out, 1), want, rtol=0, atol=1e-10)
+            assert torch.equal(torch.cat(ex.loops, 1), want_at) and len(set(want_at.flatten().tolist())) > 1
+            ex.loops.clear()
+        prompt = seq[:, :5]  # generate: cached and uncached, token by token
+        a = model.generate(prompt, 12, temperature=0, exits=ex)
+        b = model.generate(prompt, 12, temperature=0, exits=ex, use_cache=False)
+    assert torch.equal(a, b)
+
+
+def test_generation_whose_tokens_all_exit_skips_the_later_loops():
+    """B=1: a token that exited runs no later block (its MLP never), only its keys and values are made from its frozen
+    state for the tokens after it, and the next tokens see exactly what the uncached adaptive forward sees."""
+    model, seq = make64("disco"), torch.randint(0, 50, (1, BLOCK))
+    calls = []
+    for block in model.transformer.h:
+        block.mlp.register_forward_hook(lambda mod, inp, out: calls.append(inp[0].size(1)))
+    ex = mixed_exit(model, seq, 1)
+    with torch.no_grad():
+        want = model.head(model.hidden(seq, exits=ex))
+        at = ex.loops.pop()
+        cache, calls[:] = model.new_cache(), []
+        got = torch.cat([model.head(model.hidden(seq[:, t:t + 1], cache=cache, exits=ex)) for t in range(BLOCK)], 1)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-10)
+    assert len(calls) == int(at.sum()) * 2 < 3 * BLOCK * 2  # 2 layers x the loops each token ran, not x 3 loops
+    assert all(len(c) == BLOCK for loop in cache for c in loop)  # every (loop, layer) holds every position
+
+
+def test_bad_exits_are_one_line():
+    for kw, what in (({"rule": "sure"}, "rule='sure'"), ({"threshold": 1.5}, "threshold=1.5"),
+                     ({"threshold": -0.1}, "threshold=-0.1"), ({"min_loops": 0}, "min_loops=0"),
+                     ({"rule": "kl", "threshold": float("nan")}, "threshold=nan")):
+        with pytest.raises(ValueError, match=what.replace("(", r"\(")) as e:
+            Exit(**kw)
+        assert "\n" not in str(e.value) and "allowed" in str(e.value)
+    assert Exit("kl", threshold=5.0).threshold == 5.0  # a KL may exceed 1
+
+
+def test_generate_stops_on_the_stop_condition():
+    model = make("disco", "rope")
+    prompt = torch.randint(0, 50, (1, 5))
+    full = model.generate(prompt, 12, temperature=0)
+    want = full[:, :5 + 4]
+    assert torch.equal(model.generate(prompt, 12, temperature=0, stop=lambda ids: ids.size(1) == 9), want)
+    tok = int(full[0, 7])
+    got = model.generate(prompt, 12, temperature=0, stop=lambda ids: int(ids[0, -1]) == tok)
+    assert torch.equal(got, full[:, :int((full[0, 5:] == tok).int().argmax()) + 6])

@@ -87,7 +87,9 @@ def test_no_function_over_sixty_lines():
 
 # growth is a decision: raising one of these is a line in a reviewed change, not drift. kernels.py holds the core's Phi
 # kernels only (candidates live in lab/), bench.py measures (the lab compares alternatives)
-LINE_BUDGETS = {"model.py": 640,  # +ACTIVE (when each model key acts), GPT.from_pretrained for forkers, the adaptive exit
+# model.py 600 -> 660 (a decision of this change): the adaptive exit beside the loop (+40, issue 55) and, at the keys'
+# owner, when each model key acts (GPTConfig.ACTIVE) and GPT.from_pretrained for a nanoGPT forker (+18, issue 56)
+LINE_BUDGETS = {"model.py": 660,
                 "train.py": 430, "README.md": 200, "kernels.py": 200, "bench.py": 550}
 # lines of project code train.py imports, directly or through others (its import closure): raising it is a decision too
 TRAIN_CLOSURE_BUDGET = 4146

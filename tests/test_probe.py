@@ -268,3 +268,21 @@ def test_gpu_symbolic_script_dry_runs_on_cpu(tiny_data, tmp_path):
     for name in ("ckpt_4", "ckpt"):  # the kept checkpoint and the last
         assert f"probed {name}: acc/lens/sweep exits 0/0/0" in summary, summary
     assert "| n_loop |" in (out / "ckpt.acc.md").read_text() and (out / "ckpt.sweep.png").is_file()
+
+
+def test_exit_probe_threshold_zero_is_one_loop(tiny_ckpts, tmp_path):
+    """probe.py exit: threshold 0 exits every token after loop 1, so each split scores as the fixed one-loop model with
+    one loop per token; the table, the JSON and the figure are written; bad exits are one line."""
+    out = probe("exit", f"--ckpt={tiny_ckpts['disco']}", "--exit_thresholds=0,0.9", f"--png={tmp_path / 'e.png'}",
+                f"--json={tmp_path / 'e.json'}")
+    assert "| prob 0 | test_id | 2 |" in out and "| fixed n=1 | fixed n=2 |" in out and os.path.exists(tmp_path / "e.png")
+    res = json.load(open(tmp_path / "e.json"))
+    for s, r in res["adaptive"]["0"].items():
+        assert r["acc"] == pytest.approx(res["fixed"]["1"][s], abs=1e-9) and r["mean_loops"] == 1, s
+        assert r["answer_exit_hist"] == [1.0, 0.0]
+    for args, needle in ((["--exit_thresholds=1.5"], "threshold=1.5"), (["--exit_rule=sure"], "exit_rule='sure'"),
+                         (["--n_loop=2,3"], "one loop count")):
+        r = run(["probe.py", "exit", f"--ckpt={tiny_ckpts['disco']}", *args])
+        assert r.returncode == 2 and needle in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    r = run(["probe.py", "exit", f"--ckpt={tiny_ckpts['none']}"])
+    assert r.returncode == 2 and "recurrence='none'" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
