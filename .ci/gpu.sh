@@ -41,7 +41,7 @@ if [ "$DRY" = 1 ]; then  # the real configs and commands, at toy sizes, on the C
   STEP="$TOY --steps=1 --warmup=0"; PHI="$TOY --iters=1 --warmup=0"; SDPA="$TOY --iters=1 --warmup=0"
   SYM="--device=cpu --n_embd=32 --n_head=2 --batch_size=64 --max_iters=4 --eval_interval=2 --threads=1 ${SYMBOLIC_ARGS:-}"
   PYTEST_ARGS="-q -x"
-  L_TEST=60 L_LOOP=80 L_DISCO=80 L_PHI=70 L_SYM=45 L_SDPA=30 L_PONDER=80 L_SYM2=45 L_EAGER=40
+  L_TEST=60 L_LOOP=80 L_DISCO=80 L_PHI=70 L_SYM=45 L_SDPA=30 L_PONDER=80 L_SYM2=60 L_EAGER=40
 else
   STEP="--steps=3 --warmup=1"; PHI="--iters=3 --warmup=1"; SDPA="--iters=5 --warmup=1"; SYM="--device=cuda"
   PYTEST_ARGS="-q -x -n 3"
