@@ -462,7 +462,8 @@ def sample_main(argv):
              **EXIT_KEYS}
     c = training_config(argv, "sample", sample_main.__doc__, extra, {"new_tokens": INT_GE1, "prompt": INT_GE1,
                         "samples": INT_GE1, "exit_min_loops": INT_GE1,
-                        "exit_rule": (lambda v: v in ("", "prob", "kl"), "'' (off), 'prob' or 'kl'")})
+                        "exit_rule": (lambda v: v in ("", "prob", "kl"), "'' (off), 'prob' or 'kl'")},
+                        need_vocab=not any(a.startswith("--ckpt=") and len(a) > 7 for a in argv))  # a run has its own
     try:
         device = setup(c["device"], c["threads"])
         if c["ckpt"]:
