@@ -463,7 +463,8 @@ def sample_main(argv):
     c = training_config(argv, "sample", sample_main.__doc__, extra, {"new_tokens": INT_GE1, "prompt": INT_GE1,
                         "samples": INT_GE1, "exit_min_loops": INT_GE1,
                         "exit_rule": (lambda v: v in ("", "prob", "kl"), "'' (off), 'prob' or 'kl'")},
-                        need_vocab=not any(a.startswith("--ckpt=") and len(a) > 7 for a in argv))  # a run has its own
+                        need_vocab=not any(a.startswith("--ckpt=") and len(a) > 7 for a in argv),  # a run has its own
+                        files=[sys.modules["checkpoint"].__file__])  # EXIT_KEYS' comments
     try:
         device = setup(c["device"], c["threads"])
         if c["ckpt"]:

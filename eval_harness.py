@@ -26,6 +26,7 @@ from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from tqdm import tqdm
 
 from common import autocast, resolve_device, table
+import checkpoint
 from checkpoint import EXIT_KEYS, checkpoint_tokenizer, exit_option, load_checkpoint, model_from_checkpoint
 from model import Exit
 from common import ERRORS, SYSTEM_CHECKS, CheckpointError, ConfigError, die
@@ -270,7 +271,7 @@ def main(argv):
         except (*ERRORS, ValueError) as e:  # our model's one-line errors (bad device, checkpoint, ...)
             die(e)
     try:
-        c = configure(DEFAULTS, argv, __doc__, __file__, CHECKS)
+        c = configure(DEFAULTS, argv, __doc__, [__file__, checkpoint.__file__], CHECKS)  # EXIT_KEYS' comments: checkpoint.py
         if not c["ckpt"]:
             raise ConfigError("--ckpt=PATH is required (a checkpoint file or run folder)")
         path = c["json"] or beside_checkpoint(c["ckpt"], "eval_harness.json")  # decided before the evaluation

@@ -220,4 +220,6 @@ def test_bench_sample_with_exits():
     assert "| 1 | 50.0% |" in row, row
     one_line(run(args + ["--exit_rule=prob", "--exit_threshold=2"]), "threshold=2.0")
     one_line(run(args + ["--exit_rule=maybe"]), "exit_rule='maybe'")
-    one_line(run(args + ["--exit_rule=prob", "--recurrence=none"]), "recurrence='none'")
+    r = run(args + ["--exit_rule=prob", "--recurrence=none"])  # notes first: the config's Phi keys are inert with none
+    errors = [x for x in r.stderr.splitlines() if not x.startswith("note:")]
+    assert r.returncode == 2 and len(errors) == 1 and "recurrence='none'" in errors[0], r.stderr

@@ -197,7 +197,7 @@ def test_round5_silent_keys_and_late_checks_are_one_line(tiny_data, tmp_path):
     one_line(run(tiny_train_args(tiny_data, out, "--compile_mode=reduce-overhead")), "compile_mode=", "needs compile=True")
     one_line(run(["bench.py", "step", "config/pretrain.py", "--compile=False", "--compile_mode=reduce-overhead"]),
              "compile_mode=", "needs compile=True")
-    one_line(run(["bench.py", "compile", "config/pretrain.py", "--phi_topk=3000", "--modes=eager"]), "phi_topk=3000",
+    one_line(run(["lab/compile.py", "config/pretrain.py", "--phi_topk=3000", "--modes=eager"]), "phi_topk=3000",
              "vocab_size=2048")
     (tmp_path / "a").mkdir()
     d = shards(tmp_path / "a", list(np.arange(200) % 50))

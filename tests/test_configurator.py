@@ -104,7 +104,7 @@ def _resolved(argv):
 
 @pytest.mark.parametrize("argv,needle", [
     (["config/symbolic.py", "--compile_mode=reduce-overhead"], "compile_mode='reduce-overhead' has no effect: it needs compile=True"),
-    (["config/symbolic.py", "--phi_kernel=dense"], "phi_kernel='dense' has no effect: it needs top-k Phi"),
+    (["config/symbolic.py", "--phi_kernel=csr"], "phi_kernel='csr' has no effect: it needs top-k Phi"),
     (["config/symbolic.py", "--recurrence=loop", "--phi_topk=8"], "phi_topk=8 has no effect: it needs a recurrence that decodes Phi"),
     (["config/symbolic.py", "--disco_gate=learned", "--disco_alpha=0.5"], "disco_alpha=0.5 has no effect: it needs disco_gate='fixed'"),
     (["config/symbolic.py", "--muon_momentum=0.9"], "muon_momentum=0.9 has no effect: it needs optimizer='muon'"),
