@@ -249,13 +249,21 @@ EXIT_KEYS = dict(
 )
 
 
-def exit_option(rule, threshold, min_loops, model):
-    """model.Exit for the scripts' exit_* keys, or None when exit_rule is ''; a bad value, or exits on the non-looped
-    model (recurrence='none': K untied copies, no loop to leave), is one ConfigError line."""
+def exit_option(rule, threshold, min_loops, model, n_loop=None):
+    """model.Exit for the scripts' exit_* keys, or None when exit_rule is ''; one ConfigError line for a bad value,
+    exits on the non-looped model (recurrence='none': K untied copies, no loop to leave), a threshold or minimum given
+    with exits off, or a minimum that leaves no loop to exit after (a token exits after a loop k < K = n_loop)."""
     if not rule:
+        if (float(threshold), int(min_loops)) != (EXIT_KEYS["exit_threshold"], EXIT_KEYS["exit_min_loops"]):
+            raise ConfigError(f"exit_threshold={threshold!r}, exit_min_loops={min_loops!r} have no effect with exits off: "
+                              "they need exit_rule='prob' or 'kl'")
         return None
     if model.rec.copies:
         raise ConfigError(f"exit_rule={rule!r} is invalid for recurrence='none' (K untied copies, not loops): allowed ''")
+    K = n_loop or model.config.n_loop
+    if K < 2 or int(min_loops) >= K:  # a token exits after a loop k < K
+        raise ConfigError(f"exit_rule={rule!r} needs at least 2 loops (n_loop={K})" if K < 2 else
+                          f"exit_min_loops={min_loops} leaves no loop to exit after with {K} loops: allowed 1..{K - 1}")
     try:
         return Exit(rule, float(threshold), int(min_loops))
     except ValueError as e:

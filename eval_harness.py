@@ -72,7 +72,7 @@ class DiscoLoopLM(TemplateLM):
         if self.n_loop is not None and (self.n_loop < 1 or (self.model.rec.copies and self.n_loop > K)):
             raise ConfigError(f"n_loop={self.n_loop} is invalid: allowed 0 (the trained K={K}) or 1.."
                               f"{K if self.model.rec.copies else 'any'} for recurrence={self.model.config.recurrence!r}")
-        self.exits = exit_option(exit_rule, exit_threshold, exit_min_loops, self.model)
+        self.exits = exit_option(exit_rule, exit_threshold, exit_min_loops, self.model, self.n_loop)
         self.loops = [0, 0]  # adaptive depth: loops run by the scored inputs' tokens, and how many tokens
         self.batch = int(batch_size)
         self.max_gen_toks = int(max_gen_toks)

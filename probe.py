@@ -431,10 +431,10 @@ def run_probe(cmd, a, device):
     out = a["json"] or beside_checkpoint(a["ckpt"], f"probe_{cmd}.json")  # before the work, not after it
     model, data = load(a["ckpt"], a["data_dir"], a["raw"])
     if cmd == "exit":  # every threshold checked (and exits on a non-looped checkpoint refused) before the work
-        exits = [exit_option(a["exit_rule"], t, a["exit_min_loops"], model) for t in a["exit_thresholds"].split(",")]
         if "," in a["n_loop"]:
             raise ConfigError(f"n_loop={a['n_loop']!r} is invalid for probe.py exit: allowed one loop count (the most)")
         K = int(a["n_loop"] or model.config.n_loop)
+        exits = [exit_option(a["exit_rule"], t, a["exit_min_loops"], model, K) for t in a["exit_thresholds"].split(",")]
     with torch.no_grad(), autocast(device, resolve_dtype(a["dtype"], device)):
         if cmd == "acc":
             res = cmd_acc(model, data, acc_loops(a["n_loop"], model))

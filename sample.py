@@ -65,7 +65,7 @@ def main(argv):
         ckpt = load_checkpoint(c["ckpt"])
         enc = checkpoint_tokenizer(ckpt, c["ckpt"])  # a tokenizer with ids the model has no row for: one line
         model = model_from_checkpoint(ckpt, use_ema=not c["raw"]).to(device).eval()
-        exits = exit_option(c["exit_rule"], c["exit_threshold"], c["exit_min_loops"], model)
+        exits = exit_option(c["exit_rule"], c["exit_threshold"], c["exit_min_loops"], model, c["n_loop"] or None)
         ids = enc.encode_ordinary(start) or ([enc.eot_token] if enc.eot_token is not None else [])
         if not ids:
             raise ConfigError(f"start={c['start']!r} gives no token and the tokenizer has no end-of-text token: "

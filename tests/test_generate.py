@@ -1,5 +1,7 @@
 """Generation with a key/value cache per (loop, layer): the cached logits equal an uncached forward at every
 position, for every recurrence, n_loop other than K, prompts of several lengths, up to block_size."""
+import re
+
 import pytest
 import torch
 
@@ -196,3 +198,21 @@ def test_generate_stops_on_the_stop_condition():
     tok = int(full[0, 7])
     got = model.generate(prompt, 12, temperature=0, stop=lambda ids: int(ids[0, -1]) == tok)
     assert torch.equal(got, full[:, :int((full[0, 5:] == tok).int().argmax()) + 6])
+
+
+@pytest.mark.parametrize("rule,threshold,min_loops,n_loop,needle", [
+    ("", 0.5, 1, None, "have no effect with exits off"),       # a threshold with exits off was silently ignored
+    ("", 0.9, 2, None, "have no effect with exits off"),
+    ("prob", 0.9, 4, None, "exit_min_loops=4 leaves no loop"),  # min_loops >= K: no token could exit, said nothing
+    ("prob", 0.9, 1, 1, "needs at least 2 loops (n_loop=1)"),   # exits with one loop: nothing to leave
+    ("prob", 1.5, 1, None, "threshold"), ("maybe", 0.9, 1, None, "rule"),
+])
+def test_exit_options_that_could_not_act_are_one_line(rule, threshold, min_loops, n_loop, needle):
+    """The hostile probes of the scripts' exit_* keys (sample.py, eval_harness, bench.py sample, probe.py exit)."""
+    from checkpoint import exit_option
+    from common import ConfigError
+    from model import GPT, GPTConfig
+    model = GPT(GPTConfig(vocab_size=16, n_layer=1, n_head=2, n_embd=8, block_size=8, recurrence="disco", n_loop=4))
+    with pytest.raises(ConfigError, match=re.escape(needle)):
+        exit_option(rule, threshold, min_loops, model, n_loop)
+    assert exit_option("", 0.9, 1, model) is None and exit_option("prob", 0.9, 3, model).min_loops == 3
