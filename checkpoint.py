@@ -261,6 +261,8 @@ def exit_option(rule, threshold, min_loops, model, n_loop=None):
     if model.rec.copies:
         raise ConfigError(f"exit_rule={rule!r} is invalid for recurrence='none' (K untied copies, not loops): allowed ''")
     K = n_loop or model.config.n_loop
+    if rule == "kl" and K < 3:  # kl compares loops k-1 and k, and a token exits after a loop k < K
+        raise ConfigError(f"exit_rule='kl' compares loops k-1 and k and needs n_loop >= 3 (n_loop={K}): use 'prob'")
     if K < 2 or int(min_loops) >= K:  # a token exits after a loop k < K
         raise ConfigError(f"exit_rule={rule!r} needs at least 2 loops (n_loop={K})" if K < 2 else
                           f"exit_min_loops={min_loops} leaves no loop to exit after with {K} loops: allowed 1..{K - 1}")

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 from checkpoint import config_mismatch, exit_option, load_checkpoint, model_from_checkpoint
 import plots
-from common import (ERRORS, SYSTEM_CHECKS, CheckpointError, ConfigError, DataError, autocast, die, setup,
+from common import (ERRORS, SYSTEM_CHECKS, CheckpointError, ConfigError, DataError, autocast, die, read_json, setup,
                     table)
 from configurator import INT_GE1, OUTPUT, configure, num, one_of
 from precision import resolve_dtype
@@ -429,12 +429,20 @@ def acc_loops(text, model):
 def run_probe(cmd, a, device):
     """A checkpoint command: (results, JSON path)."""
     out = a["json"] or beside_checkpoint(a["ckpt"], f"probe_{cmd}.json")  # before the work, not after it
+    if os.path.isfile(out) and os.path.getsize(out):  # a JSON result is replaced; a user's other file never is
+        try:
+            read_json(out)
+        except DataError:
+            raise ConfigError(f"json={out!r} holds something other than a JSON result: choose another path") from None
     model, data = load(a["ckpt"], a["data_dir"], a["raw"])
     if cmd == "exit":  # every threshold checked (and exits on a non-looped checkpoint refused) before the work
         if "," in a["n_loop"]:
             raise ConfigError(f"n_loop={a['n_loop']!r} is invalid for probe.py exit: allowed one loop count (the most)")
         K = int(a["n_loop"] or model.config.n_loop)
-        exits = [exit_option(a["exit_rule"], t, a["exit_min_loops"], model, K) for t in a["exit_thresholds"].split(",")]
+        ts = a["exit_thresholds"].split(",")
+        if len({f"{float(t):g}" for t in ts}) < len(ts):  # results are keyed by the printed threshold
+            raise ConfigError(f"exit_thresholds={a['exit_thresholds']!r} repeats a threshold: give each once")
+        exits = [exit_option(a["exit_rule"], t, a["exit_min_loops"], model, K) for t in ts]
     with torch.no_grad(), autocast(device, resolve_dtype(a["dtype"], device)):
         if cmd == "acc":
             res = cmd_acc(model, data, acc_loops(a["n_loop"], model))

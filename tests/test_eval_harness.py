@@ -235,7 +235,7 @@ def test_adaptive_depth_scores_and_generates(ckpt):
     from eval_harness import DiscoLoopLM
     from common import ConfigError
     reqs = [Req(c, x) for c, x in PAIRS]
-    for kw, same in (({"exit_threshold": 0.0}, {"n_loop": 1}), ({"exit_rule": "kl", "exit_threshold": 0.0}, {})):
+    for kw, same in (({"exit_threshold": 0.0}, {"n_loop": 1}), ({"exit_threshold": 1.0}, {})):
         lm = DiscoLoopLM(ckpt, batch_size=4, dtype="float32", **{"exit_rule": "prob", **kw})
         ref = DiscoLoopLM(ckpt, batch_size=4, dtype="float32", **same)
         for a, b in zip(lm.loglikelihood(reqs, disable_tqdm=True), ref.loglikelihood(reqs, disable_tqdm=True)):

@@ -206,6 +206,7 @@ def test_generate_stops_on_the_stop_condition():
     ("prob", 0.9, 4, None, "exit_min_loops=4 leaves no loop"),  # min_loops >= K: no token could exit, said nothing
     ("prob", 0.9, 1, 1, "needs at least 2 loops (n_loop=1)"),   # exits with one loop: nothing to leave
     ("prob", 1.5, 1, None, "threshold"), ("maybe", 0.9, 1, None, "rule"),
+    ("kl", 1e9, 1, 2, "needs n_loop >= 3 (n_loop=2)"),        # helper's pass: kl with K = 2 could never fire, said nothing
 ])
 def test_exit_options_that_could_not_act_are_one_line(rule, threshold, min_loops, n_loop, needle):
     """The hostile probes of the scripts' exit_* keys (sample.py, eval_harness, bench.py sample, probe.py exit)."""

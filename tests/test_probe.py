@@ -286,3 +286,15 @@ def test_exit_probe_threshold_zero_is_one_loop(tiny_ckpts, tmp_path):
         assert r.returncode == 2 and needle in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
     r = run(["probe.py", "exit", f"--ckpt={tiny_ckpts['none']}"])
     assert r.returncode == 2 and "recurrence='none'" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_exit_probe_keeps_a_users_file_and_every_threshold(tiny_ckpts, tmp_path):
+    """The helper's hostile pass: --json onto a user's text file replaced it (lost work); repeated thresholds that
+    print alike lost rows in the JSON (silent). Both are one line now, and the file is untouched."""
+    mine = tmp_path / "user.txt"
+    mine.write_text("hi\n")
+    for args, needle in (([f"--json={mine}"], "holds something other than a JSON result"),
+                         (["--exit_thresholds=0.5,0.5,0.50000001"], "repeats a threshold")):
+        r = run(["probe.py", "exit", f"--ckpt={tiny_ckpts['disco']}", *args])
+        assert r.returncode == 2 and needle in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert mine.read_text() == "hi\n"
