@@ -26,7 +26,7 @@ import time
 import torch
 
 import train_config
-from kernels import TopkPhi
+from kernels import topk_phi
 from memory import format_plan, plan
 from common import DTYPES, ERRORS, SYSTEM_CHECKS, ConfigError, autocast, die, setup, table
 from measure import RowLog, cached_plan, check_row_log
@@ -443,7 +443,7 @@ def topk_phi_seconds(model, B, T, ctx, device, steps):
 
     def phi():
         with ctx:
-            e = TopkPhi.apply(h, W, cfg.phi_topk, cfg.phi_tau, cfg.phi_chunk or T)
+            e = topk_phi(h, W, cfg.phi_topk, cfg.phi_tau, cfg.phi_chunk or T, cfg.phi_kernel)  # the kernel the step runs
         e.float().sum().backward()
     timed(phi, 2, device)
     return (cfg.n_loop - 1) * timed(phi, steps, device)

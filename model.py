@@ -51,6 +51,8 @@ MLPS = ("swiglu", "gelu")
 POS_EMBS = ("rope", "learned", "none")
 GATES = ("fixed", "learned")
 CHECKPOINTING = ("none", "block")
+
+
 @dataclass
 class Exit:
     """Adaptive depth, at inference only: after loop k < n_loop a token stops once its decoded p (top-k Phi: its top k
