@@ -250,9 +250,8 @@ EXIT_KEYS = dict(
 
 
 def exit_option(rule, threshold, min_loops, model, n_loop=None):
-    """model.Exit for the scripts' exit_* keys, or None when exit_rule is ''; one ConfigError line for a bad value,
-    exits on the non-looped model (recurrence='none': K untied copies, no loop to leave), a threshold or minimum given
-    with exits off, or a minimum that leaves no loop to exit after (a token exits after a loop k < K = n_loop)."""
+    """model.Exit for the scripts' exit_* keys (None when exit_rule is ''); one ConfigError line for a bad value, exits
+    on recurrence='none', a threshold or minimum with exits off, or too few loops for any token to exit."""
     if not rule:
         if (float(threshold), int(min_loops)) != (EXIT_KEYS["exit_threshold"], EXIT_KEYS["exit_min_loops"]):
             raise ConfigError(f"exit_threshold={threshold!r}, exit_min_loops={min_loops!r} have no effect with exits off: "

@@ -53,9 +53,8 @@ def lock_run_folder(out_dir):
                        "or choose another out_dir") from None
     os.ftruncate(fd, 0)
     os.pwrite(fd, str(os.getpid()).encode(), 0)
-    for name in os.listdir(out_dir):  # exactly our own temp files (common.TMP_RE); a folder of that name is not ours
-        tmp = os.path.join(out_dir, name)
-        if TMP_RE.fullmatch(name) and (os.path.isfile(tmp) or os.path.islink(tmp)):
+    for tmp in [os.path.join(out_dir, n) for n in os.listdir(out_dir) if TMP_RE.fullmatch(n)]:  # exactly our own
+        if os.path.isfile(tmp) or os.path.islink(tmp):  # temp files (common.TMP_RE); a folder of that name is not ours
             os.remove(tmp)
     return fd  # keep it open: closing it releases the lock
 
