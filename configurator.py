@@ -23,7 +23,7 @@ import math
 import os
 import sys
 
-from common import ERRORS, ConfigError, die
+from common import ConfigError
 from compat import RENAMED
 
 
@@ -137,15 +137,6 @@ def check_inert(config, defaults, active, stated):
     for k, why in found.items():
         print(f"note: {why} (set in {stated.get(k, 'the weights')})", file=sys.stderr)
     return found
-
-
-def cli(fn, defaults, argv, doc="", source=None, checks=None):
-    """A script's main: configure(), then fn(config); a one-line error from either is exit 2."""
-    try:
-        c = configure(defaults, argv, doc, source, checks)
-        return c, fn(c)
-    except ERRORS as e:
-        die(e)
 
 
 def parse_value(text):

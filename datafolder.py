@@ -1,5 +1,5 @@
 """
-Folders: whose a folder is, whether a script may write into it, and the prepare scripts' data folders.
+Folders: whose a folder is, whether a script may write into it, and what a data folder's meta.json says.
 
 The one rule (owner/claim): a script writes only into a folder that is absent, empty, or provably its own. What a
 folder is, is read from what it holds: meta.json = a prepared folder (its `kind`: 'qa' question-answer splits,
@@ -10,13 +10,9 @@ model_type 'discoloop' = an export_hf.py folder; any other config.json, weights 
 alone proves nothing: anyone may name a file so).
 Anything else is nobody's we know, and is left untouched.
 """
-import contextlib
-import fcntl
 import os
-import sys
 
 from common import DataError, read_json
-from compat import ADDED_SINCE, TRUSTED_SINCE, old_folder
 
 KINDS = ("qa", "tokens", "tasks", "model")  # tasks: lm-eval task YAMLs (data/benchmarks); model: pretrained weights (data/smollm2)
 MODEL_FILES = (".safetensors", ".bin", ".gguf", ".pt", "tokenizer.json", "tokenizer_config.json")  # a model's files
@@ -120,25 +116,6 @@ def owner(path):
     return f"unknown files {sorted(names)[:3]} (no run.lock, no config.json of train.py's)"
 
 
-def beside_checkpoint(ckpt, name, key="json"):
-    """Where a probe or an evaluation of `ckpt` (a run folder or a checkpoint file in one) writes `name` by default:
-    into that run folder, train.py's (claim); a Hugging Face or any other folder is not ours to write into, so
-    out/results/<its name>/ under the current folder (the project's output root), made now and said in one line."""
-    folder = ckpt if os.path.isdir(ckpt) else os.path.dirname(ckpt) or "."
-    who = owner(folder) if os.path.exists(ckpt) else "train.py"  # a missing checkpoint: its reader's one line
-    if who == "train.py":
-        return os.path.join(folder, name)
-    own = os.path.join("out", "results", os.path.basename(os.path.abspath(folder)))
-    try:
-        os.makedirs(own, exist_ok=True)
-    except OSError as e:
-        raise DataError(f"cannot make '{own}' for {name} ({e.strerror}): pass --{key}=FILE") from None
-    path = os.path.join(own, name)
-    print(f"note: '{folder}' is {f'a folder of {who}' if who else 'empty'}, not a run folder, so not ours to write "
-          f"into: {name} goes to {path} (--{key}=FILE chooses)", file=sys.stderr)
-    return path
-
-
 def claim(path, writer, key="out_dir"):
     """The one rule: `writer` may write into path only if it is absent, empty or the writer's own; otherwise one line
     naming what the folder is, and nothing is touched. Returns True if the folder already holds the writer's work."""
@@ -153,46 +130,3 @@ def claim(path, writer, key="out_dir"):
     return who is not None
 
 
-def foreign_files(out_dir, made):
-    """The files of out_dir that its prepare script did not make (`made`: the names its meta.json records, itself
-    aside): what making its own folder again would delete, so a repair with any is refused (the caller's line)."""
-    return sorted(set(os.listdir(out_dir)) - set(made) - {"meta.json"})
-
-
-def check_ours(out_dir, kind, generator, config, keys):
-    """May data/<generator>/prepare.py (writing `kind` folders from `config`) use out_dir? 'absent' (make it),
-    'same' (made by it with this config), 'upgrade' (its own folder of an older form, compat.old_folder: made
-    again, said in one line); otherwise a DataError naming what the folder is (claim), and nothing is touched."""
-    if not claim(out_dir, f"data/{generator}/prepare.py"):
-        return "absent"
-    meta = read_meta(out_dir)
-    old = old_folder(meta, generator, keys)
-    if meta.get("kind") is not None and kind_of(meta) != kind:
-        raise DataError(f"'{out_dir}' holds {kind_of(meta)!r} data, not {kind!r}: left untouched; choose another folder")
-    have = meta.get("config", {})
-    for k in keys:
-        if k in have and have[k] != config[k]:
-            raise DataError(f"'{out_dir}' was prepared with {k}={have[k]!r}, not {config[k]!r}: left untouched; "
-                            "delete it or choose another folder")
-    missing = [k for k in keys if k not in have and k not in ADDED_SINCE.get(generator, ()) + TRUSTED_SINCE.get(generator, ())]
-    if missing:
-        raise DataError(f"'{out_dir}' was prepared without {missing[0]!r}: left untouched; "
-                        "delete it or choose another folder")
-    if old:
-        print(f"'{out_dir}' was {old}: making it again", file=sys.stderr)
-    return "upgrade" if old else "same"
-
-
-@contextlib.contextmanager
-def prepare_lock(out_dir):
-    """Two processes preparing one folder take turns: an exclusive lock on the parent folder (the
-    data folder itself is replaced by a rename), released by the kernel if the holder dies."""
-    owner(out_dir)  # a path under a file is one line here, not FileExistsError from makedirs
-    parent = os.path.dirname(os.path.abspath(out_dir))
-    os.makedirs(parent, exist_ok=True)
-    fd = os.open(parent, os.O_RDONLY)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)

@@ -11,7 +11,7 @@ that is cheap. The one place that picks a prepare script by the dataset's name, 
                   answer sets, seconds); False: only when data_args say how and the folder is not there (a corpus)
     KIND          optional, 'model': the script makes pretrained model folders (init_from=data/<name>/<folder>)
 
-A question-answer script is its parameters, checks and a build function (tasks.prepare_qa is the sequence).
+A question-answer script is its parameters, checks and a build function (dataprep.prepare_qa is the sequence).
 Then check_with_data: the training keys that can only be checked against the opened data.
 """
 import importlib

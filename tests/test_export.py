@@ -18,7 +18,7 @@ transformers = pytest.importorskip("transformers")
 torch.set_num_threads(1)  # tiny models: a second thread only contends with the other test worker
 from checkpoint import save_checkpoint  # noqa: E402
 from export_hf import check_tokenizer, export  # noqa: E402
-from tokenizer import tiktoken_to_hf as tiktoken_to_tokenizer  # noqa: E402
+from export_hf import tiktoken_to_hf as tiktoken_to_tokenizer  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 
 SMALL = dict(n_layer=2, n_head=2, n_embd=32, vocab_size=257, block_size=48, n_loop=3)
@@ -126,7 +126,8 @@ def test_export_of_a_question_answer_run(tiny_data, tmp_path):
     r = run(tiny_train_args(tiny_data, out, "--max_iters=5", "--eval_interval=5"))
     assert r.returncode == 0, r.stderr
     folder = export(out, str(tmp_path / "hf"))
-    from checkpoint import load_checkpoint, model_from_checkpoint
+    from checkpoint import load_checkpoint
+    from inference import model_from_checkpoint
     from tasks import QAData
     from transformers import AutoTokenizer
     X, _ = QAData(tiny_data).splits["test_ood"]

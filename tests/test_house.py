@@ -86,15 +86,14 @@ def test_no_function_over_sixty_lines():
 
 
 # growth is a decision: raising one of these is a line in a reviewed change, not drift. kernels.py holds the core's Phi
-# kernels only (candidates live in lab/), bench.py measures (the lab compares alternatives)
-# model.py 600 -> 660 (a decision of this change): the adaptive exit beside the loop (+40, issue 55) and, at the keys'
-# owner, when each model key acts (GPTConfig.ACTIVE) and GPT.from_pretrained for a nanoGPT forker (+18, issue 56)
-LINE_BUDGETS = {"model.py": 660,
+# kernels only (candidates live in lab/), bench.py measures (the lab compares alternatives). model.py 600 -> 640: the
+# adaptive exit beside the loop (issue 55)
+LINE_BUDGETS = {"model.py": 640,
                 "train.py": 430, "README.md": 200, "kernels.py": 200, "bench.py": 550}
 # lines of project code train.py imports, directly or through others (its import closure): raising it is a decision too.
-# 4,146 -> 4,460 in this change (over issue 57's target, said in RESULTS.md): inert-key rules, checked meta readers,
-# parent-config lookup, the data checks beside the data, the adaptive exit; the kernels' candidates went to lab/ (-63)
-TRAIN_CLOSURE_BUDGET = 4460
+# Issue 57's 4,146, the adaptive exit inside it: what only the scripts that use a checkpoint need is inference.py, what
+# only prepare scripts need is dataprep.py, the Hugging Face tokenizer conversion is export_hf.py's; training imports none
+TRAIN_CLOSURE_BUDGET = 4146
 
 
 def test_train_import_closure_budget():

@@ -7,6 +7,7 @@ import shutil
 import pytest
 import torch
 
+import inference
 import tokenizer
 from checkpoint import load_checkpoint
 from common import DataError
@@ -23,7 +24,7 @@ def test_question_answer_checkpoint_keeps_its_vocabulary(tiny_data, tmp_path):
     args = [a for a in TINY_DATA if "n_entities" not in a and "n_relations" not in a]
     assert run(["data/symbolic/prepare.py", f"--out_dir={data}", "--n_entities=45", "--n_relations=7"] + args).returncode == 0
     assert json.load(open(os.path.join(data, "meta.json")))["vocab"] != vocab
-    assert tokenizer.tokenizer_for(load_checkpoint(out)).vocab == vocab  # the checkpoint's, not the folder's
+    assert inference.tokenizer_for(load_checkpoint(out)).vocab == vocab  # the checkpoint's, not the folder's
     prompt = " ".join(vocab[i] for i in (5, 40))
     r = run(["sample.py", f"--ckpt={out}", f"--start={prompt}", "--num_samples=1", "--max_new_tokens=1", "--top_k=1"])
     assert r.returncode == 0 and r.stdout.startswith(prompt), r.stderr[-1500:]

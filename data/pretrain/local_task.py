@@ -14,7 +14,8 @@ import sys
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, REPO)
 from common import ConfigError, DataError  # noqa: E402
-from configurator import FOLDER, INT_GE0, INT_GE1, cli  # noqa: E402
+from configurator import FOLDER, INT_GE0, INT_GE1  # noqa: E402
+from dataprep import cli  # noqa: E402
 from datafolder import claim  # noqa: E402
 
 DEFAULTS = dict(

