@@ -39,33 +39,42 @@ NORMS = ("rms", "unit", "none")
 
 
 def load(ckpt_path, data_dir=None, raw=False, tokens_ok=False):
-    """(model, data): tasks.QAData, or the val shards (shards.TokenShards) of a pretraining run where `tokens_ok`."""
+    """(model, data): tasks.QAData, or where `tokens_ok` (exit) the val shards (shards.TokenShards) of a pretraining
+    run. data_dir (default: the checkpoint's own) must hold the kind of data and the tokens the model was trained on."""
     ckpt = load_checkpoint(ckpt_path)
-    trained = ckpt["config"]["data_dir"]
-    if kind_of(read_meta(data_dir or trained)) == "tokens" and tokens_ok:
-        made = ckpt.get("data_config", {})  # a token run's data config names its encoding; a question set's does not
-        if "encoding" not in made or config_mismatch(made, read_meta(data_dir or trained).get("config", {}),
-                                                     ["encoding", "tiktoken_file", "tokenizer_file", "tokenizer_sha256"]):
-            raise CheckpointError(f"checkpoint was not trained with the tokens of '{data_dir or trained}' "
-                                  "(another dataset kind or tokenizer)")
-        val = TokenShards(data_dir or trained, "val")
-        if val.vocab_size > ckpt["model_args"]["vocab_size"]:
-            raise CheckpointError(f"'{data_dir}' has {val.vocab_size} token ids, the checkpoint's model "
-                                  f"{ckpt['model_args']['vocab_size']}: another tokenizer")
-        return model_from_checkpoint(ckpt, use_ema=not raw).eval(), val
-    if data_dir and kind_of(read_meta(data_dir)) != "qa":  # the folder says what it is
-        raise DataError(f"data_dir='{data_dir}' is not a question-answer dataset (symbolic, nl): probe.py probes on one")
-    if kind_of(read_meta(trained if not data_dir else data_dir)) != "qa":
-        raise CheckpointError(f"'{ckpt_path}' was trained on token shards ('{trained}'): probe.py probes "
-                              "question-answer checkpoints (symbolic, nl), and exit also token shards; evaluate a "
-                              "pretraining run with eval_harness.py")
-    model = model_from_checkpoint(ckpt, use_ema=not raw).eval()
-    data = QAData(data_dir or trained)
-    why = config_mismatch(ckpt.get("data_config", {}), data.meta["config"], list(data.meta["config"]))
+    made = ckpt.get("data_config", {})
+    tokens = trained_on_tokens(ckpt)
+    if tokens and not tokens_ok:
+        raise CheckpointError(f"'{ckpt_path}' was trained on token shards: probe.py probes question-answer checkpoints "
+                              "(symbolic, nl), and exit also a pretraining run; evaluate it with eval_harness.py")
+    data_dir = data_dir or ckpt["config"]["data_dir"]
+    kind = kind_of(read_meta(data_dir))  # the folder says what it is
+    if kind != ("tokens" if tokens else "qa"):
+        raise DataError(f"data_dir='{data_dir}' is not a {'token shard' if tokens else 'question-answer'} dataset "
+                        f"({kind!r} data): the checkpoint was trained on one")
+    if tokens:  # the same token ids: encoding, tokenizer file, tokenizer hash
+        data = TokenShards(data_dir, "val")
+        why = config_mismatch(made, data.meta.get("config", {}), ["encoding", "tiktoken_file", "tokenizer_file",
+                                                                  "tokenizer_sha256"])
+    else:
+        data = QAData(data_dir)
+        why = config_mismatch(made, data.meta["config"], list(data.meta["config"]))
     if why or data.vocab_size > ckpt["model_args"]["vocab_size"]:
         raise CheckpointError(f"checkpoint was trained on another dataset than '{data_dir}' "
                               f"({why or 'vocabulary size differs'})")
-    return model, data
+    return model_from_checkpoint(ckpt, use_ema=not raw).eval(), data
+
+
+def trained_on_tokens(ckpt):
+    """Its tokenizer's record says (a question set's is its word vocabulary 'words'); without one, the folder it was
+    trained on; without that, its data config (a token run's names its encoding)."""
+    rec = ckpt.get("tokenizer") or {}
+    if "kind" in rec:
+        return rec["kind"] != "words"
+    try:
+        return kind_of(read_meta(ckpt["config"]["data_dir"])) == "tokens"
+    except DataError:
+        return "encoding" in ckpt.get("data_config", {})
 
 
 def two_hop_splits(data):
@@ -340,6 +349,8 @@ def cmd_exit_tokens(model, val, exits, K, windows, png=None):
     fixed loop counts 1..K, over the val shards' first `windows` consecutive windows of block_size tokens."""
     T, n = model.config.block_size, windows or None
     starts = [(s, i) for s, size in enumerate(val.sizes) for i in range(0, int(size) - T, T)][:n]
+    if not starts:  # every val shard shorter than one window
+        raise DataError(f"the val shards of '{val.data_dir}' hold fewer than block_size={T} + 1 tokens: no window")
     X, Y = val.windows(*map(np.array, zip(*starts)), T)
     fixed = {n: {"val": exit_loss(model, X, Y, n)[0]} for n in range(1, K + 1)}
     out, rows = {"K": K, "windows": len(X), "tokens": Y.numel(), "fixed": fixed, "adaptive": {}}, []

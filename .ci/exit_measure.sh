@@ -6,7 +6,7 @@
 # The language half: bash .ci/exit_measure.sh language, on the config/pretrain_small.py runs out/small_disco and
 # out/small_loop (python train.py config/pretrain_small.py [--recurrence=loop] --out_dir=out/small_R --threads=1):
 # validation loss (probe.py exit on token shards) and LAMBADA-style last-word accuracy of the held-out play
-# (eval_harness.py) against mean loops per token, fixed loop counts beside them.
+# (eval_harness.py) against mean loops per token, fixed loop counts beside them; then SmolLM2 continued as a loop.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mkdir -p out/exit
@@ -30,6 +30,14 @@ if [ "${1:-}" = language ]; then
       $E --ckpt=out/small_$R --exit_rule=prob --exit_threshold=$T --json=out/exit/lambada_${R}_prob$T.json
     done
     $E --ckpt=out/small_$R --exit_rule=kl --exit_threshold=0.1 --json=out/exit/lambada_${R}_kl0.1.json
+  done
+  # SmolLM2-135M continued as a loop (K = 2): out/smol_disco, out/smol_loop by config/smollm2_continue.py
+  [ -f data/benchmarks/out/meta.json ] || python data/benchmarks/prepare.py
+  E="python eval_harness.py --tasks=lambada_openai_local --include_path=data/benchmarks/out --limit=100 --threads=1 --dtype=float32"
+  for R in disco loop; do
+    python probe.py exit --ckpt=out/smol_$R --windows=64 --threads=1 --exit_thresholds=0.3,0.5,0.7,0.9 --json=out/exit/smol_${R}_prob.json
+    for N in 1 2; do $E --ckpt=out/smol_$R --n_loop=$N --json=out/exit/smol_lambada_${R}_n$N.json; done
+    for T in 0.5 0.9; do $E --ckpt=out/smol_$R --exit_rule=prob --exit_threshold=$T --json=out/exit/smol_lambada_${R}_prob$T.json; done
   done
   exit 0
 fi

@@ -300,13 +300,15 @@ def test_exit_probe_keeps_a_users_file_and_every_threshold(tiny_ckpts, tmp_path)
     assert mine.read_text() == "hi\n"
 
 
-def test_exit_probe_on_token_shards_reads_validation_loss(tiny_ckpts, tmp_path):
+def test_exit_probe_on_token_shards_reads_validation_loss(tiny_ckpts, tiny_data, tmp_path):
     """probe.py exit on a pretraining run: validation loss against mean loops per token. Threshold 0 exits every token
     after loop 1, so its loss is the fixed one-loop loss; a prob threshold of 1 never fires: the fixed-K loss. A
-    question-answer checkpoint on these shards, and --splits, are one line."""
-    shards, out = tmp_path / "shards", tmp_path / "run"
-    assert run(["data/pretrain/prepare.py", f"--out_dir={shards}", "--encoding=bytes", "--num_proc=1",
-                "--data_files=synthetic:web", "--weights=1", "--max_tokens=20000", "--val_tokens=2000"]).returncode == 0
+    question-answer checkpoint on these shards, this run on question-answer data or on shards too short for one
+    window, and --splits, are one line."""
+    shards, short, out = tmp_path / "shards", tmp_path / "short", tmp_path / "run"
+    for folder, val in ((shards, 2000), (short, 20)):
+        assert run(["data/pretrain/prepare.py", f"--out_dir={folder}", "--encoding=bytes", "--num_proc=1",
+                    "--data_files=synthetic:web", "--weights=1", "--max_tokens=20000", f"--val_tokens={val}"]).returncode == 0
     r = run(["train.py", "config/pretrain_tiny.py", f"--data_dir={shards}", f"--out_dir={out}", "--data_args={}",
              "--n_embd=32", "--n_head=2", "--n_layer=1", "--n_loop=3", "--block_size=32", "--batch_size=4",
              "--gradient_accumulation_steps=1", "--max_iters=6", "--eval_interval=6", "--eval_iters=1", "--warmup_iters=2",
@@ -320,6 +322,8 @@ def test_exit_probe_on_token_shards_reads_validation_loss(tiny_ckpts, tmp_path):
     assert res["adaptive"]["1"]["val"] == {"loss": pytest.approx(res["fixed"]["3"]["val"], abs=1e-6), "mean_loops": 3}
     assert res["fixed"]["1"]["val"] != pytest.approx(res["fixed"]["3"]["val"], abs=1e-6)  # the two ends differ
     for args, needle in (([f"--ckpt={out}", "--splits=test_id"], "a pretraining run has one"),
-                         ([f"--ckpt={tiny_ckpts['disco']}", f"--data_dir={shards}"], "not trained with the tokens")):
+                         ([f"--ckpt={tiny_ckpts['disco']}", f"--data_dir={shards}"], "is not a question-answer dataset"),
+                         ([f"--ckpt={out}", f"--data_dir={tiny_data}"], "is not a token shard dataset"),
+                         ([f"--ckpt={out}", f"--data_dir={short}"], "fewer than block_size=32 + 1 tokens")):
         r = run(["probe.py", "exit", *args])
         assert r.returncode == 2 and needle in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
