@@ -469,6 +469,10 @@ def sample_main(argv):
     try:
         device = setup(c["device"], c["threads"])
         if c["ckpt"]:
+            typed = sorted({x[2:].split("=")[0] for x in argv if x.startswith("--")} & set(GPTConfig.defaults()))
+            if typed:  # the hostile pass: --n_loop=2 with --ckpt ran K=4 and said nothing
+                raise ConfigError(f"{', '.join('--' + k for k in typed)} {'has' if len(typed) == 1 else 'have'} no "
+                                  "effect with --ckpt: the checkpoint's shape, loops and weights are measured")
             model = model_from_checkpoint(load_checkpoint(c["ckpt"]))
         else:
             model = GPT(GPTConfig.from_dict({**c, "block_size": max(c["block_size"], c["prompt"] + c["new_tokens"])}))

@@ -51,7 +51,7 @@ def read_meta(data_dir):
     object, a field a reader uses missing or of the wrong type or shape (META_FIELDS, by the kind it names)."""
     path = os.path.join(data_dir, "meta.json")
     if not os.path.isfile(path):
-        raise DataError(f"no prepared dataset at '{data_dir}' (missing meta.json)")
+        raise DataError(f"no prepared dataset at '{data_dir}' ({'a file' if os.path.isfile(data_dir) else 'no meta.json'})")
     meta = read_json(path)
     for field, required, (ok, allowed) in META_FIELDS[None] + META_FIELDS.get(meta.get("kind"), []):
         *parent, name = field.split(".")

@@ -29,7 +29,7 @@ from common import autocast, resolve_device, table
 import inference
 from checkpoint import load_checkpoint
 from inference import (EXIT_KEYS, beside_checkpoint, checkpoint_tokenizer, exit_option, folder_tokenizer,
-                       model_from_checkpoint)
+                       check_own_result, model_from_checkpoint, trained_on_tokens)
 from model import Exit
 from common import ERRORS, SYSTEM_CHECKS, CheckpointError, ConfigError, die
 from configurator import INT_GE0, INT_GE1, OUTPUT, configure
@@ -41,9 +41,12 @@ TABLE2 = ["arc_challenge", "arc_easy", "hellaswag", "lambada_openai", "piqa", "r
 
 def encoding_for(ckpt):
     """The tiktoken Encoding the checkpoint's shards were made with (data/pretrain/prepare.py)."""
-    if "encoding" not in ckpt.get("data_config", {}):
-        raise CheckpointError("checkpoint was not trained on token shards (no tokenizer recorded): "
-                              "eval_harness.py evaluates pretraining checkpoints")
+    if not trained_on_tokens(ckpt):
+        raise CheckpointError("checkpoint was trained on question-answer data (a word vocabulary), not on token "
+                              "shards: eval_harness.py evaluates pretraining checkpoints (probe.py the others)")
+    if "tokenizer" not in ckpt and "encoding" not in ckpt.get("data_config", {}):
+        raise CheckpointError("checkpoint records no tokenizer (and its data config no encoding): its tokens cannot "
+                              "be read back")
     return checkpoint_tokenizer(ckpt)
 
 
@@ -275,6 +278,7 @@ def main(argv):
         if not c["ckpt"]:
             raise ConfigError("--ckpt=PATH is required (a checkpoint file or run folder)")
         path = c["json"] or beside_checkpoint(c["ckpt"], "eval_harness.json")  # decided before the evaluation
+        check_own_result(path, ("row", "results"), "eval_harness.py")
         import lm_eval
         from lm_eval.tasks import TaskManager
         if c["threads"]:

@@ -7,7 +7,7 @@ import os
 import sys
 
 from common import CheckpointError, ConfigError, DataError, read_json
-from datafolder import owner, read_meta
+from datafolder import kind_of, owner, read_meta
 from model import GPT, Exit, GPTConfig
 from tokenizer import HFEncoding, WordVocab, from_record, get_encoding
 
@@ -44,6 +44,18 @@ def check_vocab(n_tokens, vocab_size, where):
     if n_tokens > vocab_size:
         raise DataError(f"{where}: its tokenizer has {n_tokens} tokens, more than the model's vocab_size={vocab_size}: "
                         f"ids past {vocab_size - 1} have no embedding row (not this model's tokenizer)")
+
+
+def trained_on_tokens(ckpt):
+    """Its tokenizer's record says (a question set's is its word vocabulary 'words'); without one, the folder it was
+    trained on; without that, its data config (a token run's names its encoding)."""
+    rec = ckpt.get("tokenizer") or {}
+    if "kind" in rec:
+        return rec["kind"] != "words"
+    try:
+        return kind_of(read_meta(ckpt["config"]["data_dir"])) == "tokens"
+    except DataError:
+        return "encoding" in ckpt.get("data_config", {})
 
 
 def checkpoint_tokenizer(ckpt, where="the checkpoint"):
@@ -89,6 +101,19 @@ def beside_checkpoint(ckpt, name, key="json"):
     return path
 
 
+def check_own_result(path, keys, script):
+    """An existing --json file is replaced only when it is `script`'s result (a JSON object with these keys): a user's
+    file, a run's config.json or a dataset's meta.json never is (the hostile pass: each was overwritten)."""
+    if path and os.path.exists(path) and (not os.path.isfile(path) or os.path.getsize(path)):
+        try:
+            obj = read_json(path)
+        except DataError:
+            obj = None
+        if not (isinstance(obj, dict) and set(keys) <= set(obj)):
+            raise ConfigError(f"json={path!r} holds no result of {script} (only one of its results is replaced): "
+                              "choose another path")
+
+
 # the scripts' adaptive-depth keys (sample.py, eval_harness.py, probe.py, bench.py sample): model.Exit
 EXIT_KEYS = dict(
     exit_rule="",          # adaptive depth: '' = off (every token runs every loop), 'prob' or 'kl' (model.Exit)
@@ -101,9 +126,10 @@ def exit_option(rule, threshold, min_loops, model, n_loop=None):
     """model.Exit for the scripts' exit_* keys (None when exit_rule is ''); one ConfigError line for a bad value, exits
     on recurrence='none', a threshold or minimum with exits off, or too few loops for any token to exit."""
     if not rule:
-        if (float(threshold), int(min_loops)) != (EXIT_KEYS["exit_threshold"], EXIT_KEYS["exit_min_loops"]):
-            raise ConfigError(f"exit_threshold={threshold!r}, exit_min_loops={min_loops!r} have no effect with exits off: "
-                              "they need exit_rule='prob' or 'kl'")
+        given = {k: v for k, v in (("exit_threshold", threshold), ("exit_min_loops", min_loops)) if float(v) != EXIT_KEYS[k]}
+        if given:
+            raise ConfigError(f"{', '.join(f'{k}={v!r}' for k, v in given.items())} {'has' if len(given) == 1 else 'have'} "
+                              "no effect with exits off: exit_rule='prob' or 'kl' turns exits on")
         return None
     if model.rec.copies:
         raise ConfigError(f"exit_rule={rule!r} is invalid for recurrence='none' (K untied copies, not loops): allowed ''")

@@ -19,9 +19,21 @@ from runlog import early_stop_row, read_metrics
 FIGURE_EXTENSIONS = (".png", ".pdf", ".svg")  # what --png may end with: formats matplotlib writes from the suffix
 
 
+FIGURE_STARTS = (b"\x89PNG", b"%PDF", b"<?xml", b"<svg")  # how a file matplotlib wrote in those formats begins
+
+
 def figure_path(path):
-    """A figure path matplotlib writes by its suffix (a .txt used to fail after the work, with a traceback)."""
-    return path == "" or path.lower().endswith(FIGURE_EXTENSIONS)
+    """A figure path matplotlib writes by its suffix (a .txt used to fail after the work, with a traceback); a file
+    already there is replaced only when it is a figure (a user's file named *.png never is)."""
+    if path == "" or not path.lower().endswith(FIGURE_EXTENSIONS):
+        return path == ""
+    if not os.path.exists(path):
+        return True
+    if not os.path.isfile(path):
+        return False
+    with open(path, "rb") as f:
+        head = f.read(8)
+    return not head or head.startswith(FIGURE_STARTS)
 
 
 def epoch_of(m):

@@ -23,10 +23,9 @@ import torch
 import torch.nn.functional as F
 
 from checkpoint import config_mismatch, load_checkpoint
-from inference import beside_checkpoint, exit_option, model_from_checkpoint
+from inference import beside_checkpoint, check_own_result, exit_option, model_from_checkpoint, trained_on_tokens
 import plots
-from common import (ERRORS, SYSTEM_CHECKS, CheckpointError, ConfigError, DataError, autocast, die, read_json, setup,
-                    table)
+from common import ERRORS, SYSTEM_CHECKS, CheckpointError, ConfigError, DataError, autocast, die, setup, table
 from configurator import INT_GE0, INT_GE1, OUTPUT, configure, num, one_of
 from precision import resolve_dtype
 from runlog import STOP_METRIC_CHECK
@@ -62,19 +61,9 @@ def load(ckpt_path, data_dir=None, raw=False, tokens_ok=False):
     if why or data.vocab_size > ckpt["model_args"]["vocab_size"]:
         raise CheckpointError(f"checkpoint was trained on another dataset than '{data_dir}' "
                               f"({why or 'vocabulary size differs'})")
+    if raw and "ema" not in ckpt:
+        print(f"note: '{ckpt_path}' has no weight average: --raw=True changes nothing", file=sys.stderr)
     return model_from_checkpoint(ckpt, use_ema=not raw).eval(), data
-
-
-def trained_on_tokens(ckpt):
-    """Its tokenizer's record says (a question set's is its word vocabulary 'words'); without one, the folder it was
-    trained on; without that, its data config (a token run's names its encoding)."""
-    rec = ckpt.get("tokenizer") or {}
-    if "kind" in rec:
-        return rec["kind"] != "words"
-    try:
-        return kind_of(read_meta(ckpt["config"]["data_dir"])) == "tokens"
-    except DataError:
-        return "encoding" in ckpt.get("data_config", {})
 
 
 def two_hop_splits(data):
@@ -301,6 +290,8 @@ def cmd_exit(model, data, exits, K, png=None, only=""):
     """Adaptive depth (model.Exit, one per threshold) against fixed loop counts 1..K, per split: accuracy, the mean
     loops per token (a question's real tokens, pads left out: the blocks it runs are these x the looped layers),
     the exit loop of the answer token (histogram) and of each position (mean, from the first real token)."""
+    if only and (len(set(only.split(","))) < len(only.split(",")) or "" in only.split(",")):
+        raise ConfigError(f"splits={only!r} repeats a split or has an empty one: give each split once")
     splits = {s: v for s, v in data.splits.items() if not only or s in only.split(",")}
     if not splits:
         raise ConfigError(f"splits={only!r} names no split of this dataset: allowed a comma list of {list(data.splits)}")
@@ -354,6 +345,7 @@ def cmd_exit_tokens(model, val, exits, K, windows, png=None):
     X, Y = val.windows(*map(np.array, zip(*starts)), T)
     fixed = {n: {"val": exit_loss(model, X, Y, n)[0]} for n in range(1, K + 1)}
     out, rows = {"K": K, "windows": len(X), "tokens": Y.numel(), "fixed": fixed, "adaptive": {}}, []
+    print(f"validation: {len(X)} windows of {T} tokens from the start of '{val.data_dir}' ({Y.numel():,} next-token losses)")
     for ex in exits:
         loss, mean = exit_loss(model, X, Y, K, ex)
         out["adaptive"][f"{ex.threshold:g}"] = {"val": {"loss": loss, "mean_loops": mean}}
@@ -443,7 +435,8 @@ def finite_numbers(text):
 
 CHECKS = {**SYSTEM_CHECKS, "stop_metric": STOP_METRIC_CHECK, "stop_patience": INT_GE1, "json": OUTPUT,
           "png": (lambda v: plots.figure_path(v) and OUTPUT[0](v),
-                  f"a writable figure path ending in {', '.join(plots.FIGURE_EXTENSIONS)}"),
+                  f"a writable figure path ending in {', '.join(plots.FIGURE_EXTENSIONS)} (a file there is "
+                  "replaced only if it is a figure)"),
           "norm": one_of(*NORMS), "n_loop": (loop_counts, "loop counts >= 1, comma-separated (e.g. '1,2,3')"),
           "alphas": (finite_numbers, "comma-separated finite numbers (e.g. '0,0.5,1')"),
           "exit_thresholds": (finite_numbers, "comma-separated finite numbers (e.g. '0.5,0.9')"),
@@ -495,12 +488,11 @@ def acc_loops(text, model):
 def run_probe(cmd, a, device):
     """A checkpoint command: (results, JSON path)."""
     out = a["json"] or beside_checkpoint(a["ckpt"], f"probe_{cmd}.json")  # before the work, not after it
-    if os.path.isfile(out) and os.path.getsize(out):  # a JSON result is replaced; a user's other file never is
-        try:
-            read_json(out)
-        except DataError:
-            raise ConfigError(f"json={out!r} holds something other than a JSON result: choose another path") from None
+    check_own_result(out, ("probe",), "probe.py")
     model, data = load(a["ckpt"], a["data_dir"], a["raw"], tokens_ok=cmd == "exit")
+    if a["windows"] and not isinstance(data, TokenShards):
+        raise ConfigError(f"windows={a['windows']} applies to a pretraining run's validation shards; this checkpoint "
+                          "is question-answer: --splits chooses what is measured")
     if cmd == "exit":  # every threshold checked (and exits on a non-looped checkpoint refused) before the work
         if "," in a["n_loop"]:
             raise ConfigError(f"n_loop={a['n_loop']!r} is invalid for probe.py exit: allowed one loop count (the most)")
@@ -537,6 +529,7 @@ def main(argv):
         torch.set_default_device(device)  # data, model and every probe tensor are made there
     try:
         if cmd == "plot":
+            check_own_result(a["json"], ("probe",), "probe.py")
             res = plots.plot(dirs, a["png"] or "curves.png", a["stop_metric"], a["stop_patience"], a["at_epoch"],
                              a["hops"])
             json_path = a["json"] or None
@@ -547,7 +540,7 @@ def main(argv):
     if json_path:
         try:
             with open(json_path, "w") as f:
-                json.dump(res, f, indent=1)
+                json.dump({"probe": cmd, **res}, f, indent=1)  # "probe": what check_own_result recognises
         except OSError as e:  # e.g. the default path, in a read-only run folder
             die(f"could not write '{json_path}' ({e.strerror}): pass --json=PATH somewhere writable")
         print(f"wrote {json_path}")

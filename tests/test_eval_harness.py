@@ -135,6 +135,11 @@ def test_bad_input(ckpt, tmp_path):
     r = run(["eval_harness.py", f"--ckpt={ckpt}", "--tasks=no_such_task"],
             env={"HF_DATASETS_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")})
     assert r.returncode == 2 and "no_such_task" in r.stderr, r.stderr[-2000:]
+    notes = tmp_path / "notes.txt"  # the hostile pass: --json replaced a user's file with the results
+    notes.write_text("my notes")
+    r = run(["eval_harness.py", f"--ckpt={ckpt}", "--tasks=no_such_task", f"--json={notes}"])
+    assert r.returncode == 2 and "holds no result of eval_harness.py" in r.stderr, r.stderr[-2000:]
+    assert notes.read_text() == "my notes"
 
 
 def test_passthrough_on_a_cpu_and_empty_tasks(ckpt, tmp_path):
@@ -246,3 +251,14 @@ def test_adaptive_depth_scores_and_generates(ckpt):
         assert lm.generate_until(gen, disable_tqdm=True) == ref.generate_until(gen, disable_tqdm=True)
     with pytest.raises(ConfigError, match=r"threshold=1\.5, .*allowed"):
         DiscoLoopLM(ckpt, exit_rule="prob", exit_threshold=1.5)
+
+
+def test_bench_sample_on_a_checkpoint_refuses_model_keys(ckpt):
+    """bench.py sample --ckpt measures the checkpoint's shape and loops; the hostile pass: --n_loop=2 beside it ran the
+    checkpoint's K and said nothing (a kl exit refused at n_loop=2 was accepted). Now one line."""
+    args = ["bench.py", "sample", "config/pretrain_tiny.py", f"--ckpt={ckpt}", "--new_tokens=4", "--prompt=2", "--threads=1"]
+    r = run(args)
+    assert r.returncode == 0 and f"({ckpt})" in r.stdout, r.stderr[-2000:]
+    r = run(args + ["--n_loop=2", "--n_embd=64"])
+    assert r.returncode == 2 and "--n_embd, --n_loop have no effect with --ckpt" in r.stderr, r.stderr[-2000:]
+    assert len(r.stderr.strip().splitlines()) == 1

@@ -201,8 +201,8 @@ def test_generate_stops_on_the_stop_condition():
 
 
 @pytest.mark.parametrize("rule,threshold,min_loops,n_loop,needle", [
-    ("", 0.5, 1, None, "have no effect with exits off"),       # a threshold with exits off was silently ignored
-    ("", 0.9, 2, None, "have no effect with exits off"),
+    ("", 0.5, 1, None, "exit_threshold=0.5 has no effect with exits off"),       # a threshold with exits off was silently ignored
+    ("", 0.9, 2, None, "exit_min_loops=2 has no effect with exits off"),
     ("prob", 0.9, 4, None, "exit_min_loops=4 leaves no loop"),  # min_loops >= K: no token could exit, said nothing
     ("prob", 0.9, 1, 1, "needs at least 2 loops (n_loop=1)"),   # exits with one loop: nothing to leave
     ("prob", 1.5, 1, None, "threshold"), ("maybe", 0.9, 1, None, "rule"),

@@ -30,7 +30,7 @@ def test_acc_table_every_loop_count(tiny_ckpts, tiny_data):
     out = probe("acc", f"--ckpt={tiny_ckpts['loop']}", "--n_loop=1,2,4")
     assert "| n_loop | train_atom | train_id | test_id | test_ood | val_id | atoms_A | atoms_B |" in out
     res = json.load(open(os.path.join(tiny_ckpts["loop"], "probe_acc.json")))
-    assert set(res) == {"1", "2", "4"} and all(0 <= v <= 1 for r in res.values() for v in r.values())
+    assert res.pop("probe") == "acc" and set(res) == {"1", "2", "4"} and all(0 <= v <= 1 for r in res.values() for v in r.values())
     # n_loop=2 is the trained model: equals the final accuracy in training's last metrics line (fp32 both)
     last = [json.loads(line) for line in open(os.path.join(tiny_ckpts["loop"], "metrics.jsonl"))][-1]
     assert res["2"]["test_id"] == pytest.approx(last["acc/test_id"], abs=1e-4)
@@ -58,7 +58,7 @@ def test_atom_graphs_follow_the_facts(tiny_data):
 def test_lens_values_in_range_and_disco_injected_state(tiny_ckpts):
     probe("lens", f"--ckpt={tiny_ckpts['disco']}")
     res = json.load(open(os.path.join(tiny_ckpts["disco"], "probe_lens.json")))
-    where = res.pop("where")
+    where, _ = res.pop("where"), res.pop("probe")
     probe("acc", f"--ckpt={tiny_ckpts['disco']}", "--n_loop=2", "--json=" + os.path.join(tiny_ckpts["disco"], "acc2.json"))
     final = json.load(open(os.path.join(tiny_ckpts["disco"], "acc2.json")))["2"]
     assert set(res) == {"train_id", "val_id", "test_id", "test_ood"}
@@ -230,7 +230,7 @@ def test_plot_keeps_runs_that_share_a_name(tiny_ckpts, tmp_path):
         shutil.copytree(tiny_ckpts["loop"], tmp_path / sub / "run")
     probe("plot", str(tmp_path / "a" / "run"), str(tmp_path / "b" / "run"), f"--png={tmp_path / 'c.png'}",
           f"--json={tmp_path / 'c.json'}")
-    assert len(json.load(open(tmp_path / "c.json"))) == 2  # one row per run, not one overwriting the other
+    assert len(json.load(open(tmp_path / "c.json"))) == 3  # "probe" and one row per run, not one overwriting the other
 
 
 def test_probe_without_a_command_is_one_line():
@@ -291,13 +291,23 @@ def test_exit_probe_threshold_zero_is_one_loop(tiny_ckpts, tmp_path):
 def test_exit_probe_keeps_a_users_file_and_every_threshold(tiny_ckpts, tmp_path):
     """The helper's hostile pass: --json onto a user's text file replaced it (lost work); repeated thresholds that
     print alike lost rows in the JSON (silent). Both are one line now, and the file is untouched."""
-    mine = tmp_path / "user.txt"
+    mine, theirs, fig = tmp_path / "user.txt", tmp_path / "user.json", tmp_path / "fig.png"
     mine.write_text("hi\n")
-    for args, needle in (([f"--json={mine}"], "holds something other than a JSON result"),
-                         (["--exit_thresholds=0.5,0.5,0.50000001"], "repeats a threshold")):
+    theirs.write_text('{"mine": 1}')  # the second pass: any JSON object was replaced, a dataset's meta.json too
+    fig.write_text("not a figure")    # ... and --png replaced any file with a figure's suffix
+    for args, needle in (([f"--json={mine}"], "holds no result of probe.py"),
+                         ([f"--json={theirs}"], "holds no result of probe.py"),
+                         ([f"--png={fig}"], "replaced only if it is a figure"),
+                         (["--exit_thresholds=0.5,0.5,0.50000001"], "repeats a threshold"),
+                         (["--splits=test_id,test_id"], "repeats a split"),
+                         (["--windows=3"], "applies to a pretraining run's validation shards")):
         r = run(["probe.py", "exit", f"--ckpt={tiny_ckpts['disco']}", *args])
         assert r.returncode == 2 and needle in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
-    assert mine.read_text() == "hi\n"
+    assert mine.read_text() == "hi\n" and theirs.read_text() == '{"mine": 1}' and fig.read_text() == "not a figure"
+    out = tmp_path / "again.json"  # a probe result is replaced: the same command twice
+    for _ in range(2):
+        probe("exit", f"--ckpt={tiny_ckpts['disco']}", "--exit_thresholds=0.5", f"--json={out}", f"--png={fig}.png")
+    assert json.load(open(out))["probe"] == "exit"
 
 
 def test_exit_probe_on_token_shards_reads_validation_loss(tiny_ckpts, tiny_data, tmp_path):
