@@ -5,7 +5,8 @@
                                                                        # benchmark's watcher: train.py's rule unchanged)
 COND is METRIC>=NUMBER. With CMD, only rows appended after the start count (a file's earlier rows are not this run's),
 and the exit is 0 when the watcher stopped CMD at a hit, else CMD's own (128 + N for a signal N). A SIGTERM or Ctrl-C
-to the watcher stops CMD (SIGKILL after 10 s) and still prints the line."""
+to the watcher stops CMD (SIGKILL after GRACE_S seconds in the environment, default 10: a checkpoint's save) and still
+prints the line."""
 import json
 import os
 import re
@@ -18,6 +19,12 @@ import time
 def bad(msg, code=2):
     print(f"error: {msg}", file=sys.stderr)
     sys.exit(code)
+
+
+GRACE_S = os.environ.get("GRACE_S", "10")
+if not re.fullmatch(r"[0-9]+(\.[0-9]+)?", GRACE_S):
+    bad(f"GRACE_S={GRACE_S!r} is invalid: allowed seconds >= 0 (how long CMD may take to stop after SIGTERM)")
+GRACE_S = float(GRACE_S)
 
 
 args = sys.argv[1:]
@@ -73,10 +80,10 @@ def report(extra=""):
 
 
 def end(child):
-    """SIGTERM the command (train.py saves and exits), SIGKILL it if it has not ended in 10 s."""
+    """SIGTERM the command (train.py saves and exits), SIGKILL it if it has not ended in GRACE_S seconds."""
     child.terminate()
     try:
-        child.wait(timeout=10)
+        child.wait(timeout=GRACE_S)
     except subprocess.TimeoutExpired:
         child.kill()
         child.wait()

@@ -67,8 +67,8 @@ step() {
   echo "$name: exit $rc in $(( $(date +%s) - t0 )) s (limit $limit s): $what" >> "$OUT/summary.txt"
 }
 # a fresh Inductor cache per compiled variant: each one's first step is a cold compile (a shared cache would hand
-# DiscoLoop the loop's kernels)
-cold() { local d; d=$(mktemp -d -p "$WORK"); echo "env TORCHINDUCTOR_CACHE_DIR=$d TRITON_CACHE_DIR=$d/triton"; }
+# DiscoLoop the loop's kernels); the dry run shares one: it proves the commands, not cold-compile times
+cold() { local d=$WORK/inductor; [ "$DRY" = 1 ] || d=$(mktemp -d -p "$WORK"); echo "env TORCHINDUCTOR_CACHE_DIR=$d TRITON_CACHE_DIR=$d/triton"; }
 
 { echo "date $(date -u +%FT%TZ), DRY=$DRY, DEADLINE=$DEADLINE s, CPUs $(getconf _NPROCESSORS_ONLN)"
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | head -3

@@ -182,7 +182,8 @@ def test_bench_compile_per_block_against_eager_and_whole():
 
 def test_gpu_device_check_dry_runs_on_cpu(tiny_data, tmp_path):
     """.ci/gpu.sh, the one device call, runs every step on the CPU (DRY=1: the real configs and commands at toy sizes,
-    compile included, under the dry run's own limits and DEADLINE=300, below this test's timeout), each exiting 0,
+    compile included (one Inductor cache for every variant: cold compiles are the GPU run's figure), under the dry
+    run's own limits and DEADLINE=300, below this test's timeout), each exiting 0,
     each row where it belongs, its files within the 8 that come back. Checked on torch 2.11 too (RESULTS.md)."""
     from conftest import TINY_DATA_ARGS
     out = tmp_path / "gpu"

@@ -94,6 +94,12 @@ def test_first_reached_arguments_are_one_line(tmp_path, args, needle):
     assert len(r.stderr.strip().splitlines()) == 1
 
 
+def test_first_reached_refuses_a_bad_grace(tmp_path):
+    r = subprocess.run([sys.executable, os.path.join(REPO, FR), "m.jsonl", "acc>=0.9"], cwd=tmp_path, capture_output=True,
+                       text=True, env={**os.environ, "GRACE_S": "-1"})
+    assert r.returncode == 2 and "GRACE_S='-1' is invalid" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
 def test_first_reached_watches_only_new_rows_and_says_how_it_ended(tmp_path):
     m = tmp_path / "m.jsonl"
     m.write_text('{"acc": 0.99}\n')  # an old row without time or iter (was a KeyError), already a hit
@@ -114,10 +120,11 @@ def test_first_reached_watches_only_new_rows_and_says_how_it_ended(tmp_path):
 
 @pytest.mark.parametrize("sig,code", [(signal.SIGTERM, 124), (signal.SIGINT, 130)])
 def test_first_reached_stops_a_stubborn_command_on_a_signal(tmp_path, sig, code):
-    """A command that ignores SIGTERM is killed 10 s later (the watcher hung); Ctrl-C stops it too (it was orphaned)."""
+    """A command that ignores SIGTERM is killed GRACE_S later (the watcher hung); Ctrl-C stops it too (it was orphaned)."""
     stubborn = "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\ntime.sleep(120)"
     p = subprocess.Popen([sys.executable, FR, str(tmp_path / "m.jsonl"), "acc>=0.9", "--", sys.executable, "-c",
-                          stubborn], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                          stubborn], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env={**os.environ, "GRACE_S": "1"})
     time.sleep(2)
     p.send_signal(sig)
     out, _ = p.communicate(timeout=40)
