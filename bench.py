@@ -455,15 +455,14 @@ def sample_main(argv):
     config's shape (random weights) or a checkpoint's (--ckpt: its shape and weights), in one run; with exit_rule also
     with adaptive depth (model.Exit): tokens/s, loops per token, blocks saved, tokens equal to the all-loop sample."""
     from checkpoint import load_checkpoint  # here: only sample reads a run
-    from inference import EXIT_KEYS, exit_option, model_from_checkpoint  # (the same)
+    from inference import EXIT_CHECKS, EXIT_KEYS, exit_option, model_from_checkpoint  # (the same)
     extra = {"new_tokens": 256,  # tokens to generate, after the prompt
              "prompt": 16,       # prompt length (random tokens)
              "ckpt": "",         # a run folder or checkpoint: its shape and weights instead of random ones
              "samples": 1,       # prompts (rows of one batch = 1: a batch only exits where every row has)
              **EXIT_KEYS}
     c = training_config(argv, "sample", sample_main.__doc__, extra, {"new_tokens": INT_GE1, "prompt": INT_GE1,
-                        "samples": INT_GE1, "exit_min_loops": INT_GE1,
-                        "exit_rule": (lambda v: v in ("", "prob", "kl"), "'' (off), 'prob' or 'kl'")},
+                        "samples": INT_GE1, **EXIT_CHECKS},
                         need_vocab=not any(a.startswith("--ckpt=") and len(a) > 7 for a in argv),  # a run has its own
                         files=[sys.modules["inference"].__file__])  # EXIT_KEYS' comments
     try:

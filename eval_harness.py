@@ -28,7 +28,7 @@ from tqdm import tqdm
 from common import autocast, resolve_device, table
 import inference
 from checkpoint import load_checkpoint
-from inference import (EXIT_KEYS, beside_checkpoint, checkpoint_tokenizer, exit_option, folder_tokenizer,
+from inference import (EXIT_CHECKS, EXIT_KEYS, beside_checkpoint, checkpoint_tokenizer, exit_option, folder_tokenizer,
                        check_own_result, model_from_checkpoint, trained_on_tokens)
 from model import Exit
 from common import ERRORS, SYSTEM_CHECKS, CheckpointError, ConfigError, die
@@ -212,8 +212,7 @@ DEFAULTS = dict(
 )
 CHECKS = {**SYSTEM_CHECKS, "batch_size": INT_GE1, "limit": INT_GE0, "json": OUTPUT, "n_loop": INT_GE0,
           "tasks": (lambda v: all(t.strip() for t in v.split(",")), "a comma list of lm-eval task names"),
-          "include_path": (lambda v: v == "" or os.path.isdir(v), "'' or an existing folder of task YAMLs"),
-          "exit_rule": (lambda v: v in ("", "prob", "kl"), "'' (off), 'prob' or 'kl'"), "exit_min_loops": INT_GE1}
+          "include_path": (lambda v: v == "" or os.path.isdir(v), "'' or an existing folder of task YAMLs"), **EXIT_CHECKS}
 CHECKED = {}  # {ckpt path: checkpoint} read by check_model_args, so that the harness's model does not read it again
 MODEL_ARG_INTS = {"n_loop": 0, "batch_size": 1, "max_gen_toks": 1, "exit_min_loops": 1}  # integer arguments, minimum
 

@@ -7,6 +7,7 @@ import os
 import sys
 
 from common import CheckpointError, ConfigError, DataError, read_json
+from configurator import INT_GE1
 from datafolder import kind_of, owner, read_meta
 from model import GPT, Exit, GPTConfig
 from tokenizer import HFEncoding, WordVocab, from_record, get_encoding
@@ -120,6 +121,8 @@ EXIT_KEYS = dict(
     exit_threshold=0.9,    # 'prob': exit once the top probability >= this (0..1); 'kl': once KL(loop k-1 || k) <= this
     exit_min_loops=1,      # no token exits before this many loops
 )
+# their checks, one each (the threshold's range depends on the rule: model.Exit checks it)
+EXIT_CHECKS = {"exit_rule": (lambda v: v in ("", "prob", "kl"), "'' (off), 'prob' or 'kl'"), "exit_min_loops": INT_GE1}
 
 
 def exit_option(rule, threshold, min_loops, model, n_loop=None):

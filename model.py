@@ -185,7 +185,7 @@ class GPTConfig:
     @classmethod
     def from_dict(cls, d):
         """Build from any dict (e.g. train.py's globals): unrelated keys are ignored."""
-        return cls(**{k: v for k, v in d.items() if k in cls.defaults()})
+        return cls(**{k: d[k] for k in cls.defaults().keys() & d.keys()})
 
 
 class RMSNorm(nn.Module):

@@ -290,9 +290,10 @@ def cmd_exit(model, data, exits, K, png=None, only=""):
     """Adaptive depth (model.Exit, one per threshold) against fixed loop counts 1..K, per split: accuracy, the mean
     loops per token (a question's real tokens, pads left out: the blocks it runs are these x the looped layers),
     the exit loop of the answer token (histogram) and of each position (mean, from the first real token)."""
-    if only and (len(set(only.split(","))) < len(only.split(",")) or "" in only.split(",")):
+    names = only.split(",") if only else []
+    if len(set(names)) < len(names) or "" in names:
         raise ConfigError(f"splits={only!r} repeats a split or has an empty one: give each split once")
-    splits = {s: v for s, v in data.splits.items() if not only or s in only.split(",")}
+    splits = {s: v for s, v in data.splits.items() if not names or s in names}
     if not splits:
         raise ConfigError(f"splits={only!r} names no split of this dataset: allowed a comma list of {list(data.splits)}")
     hops = {s: data.meta["splits"][s]["hops"] for s in splits}
@@ -327,12 +328,14 @@ def cmd_exit(model, data, exits, K, png=None, only=""):
 def exit_loss(model, X, Y, n_loop, exits=None, batch_size=32):
     """(validation loss in nats per token, mean loops per token) over windows X -> Y (N, T), each token's next-token
     loss read off its own exit state (model.Exit) or, without exits, off loop n_loop."""
-    total, loops = 0.0, []
+    total = 0.0
     for i in range(0, len(X), batch_size):
         h = model.hidden(X[i:i + batch_size], n_loop=n_loop, exits=exits)
         total += F.cross_entropy(model.head(h).float().flatten(0, 1), Y[i:i + batch_size].flatten(), reduction="sum").item()
-        loops.append(exits.loops.pop() if exits is not None else torch.full(Y[i:i + batch_size].shape, n_loop))
-    return total / Y.numel(), torch.cat(loops).double().mean().item()
+    mean = torch.cat([t.flatten() for t in exits.loops]).double().mean().item() if exits is not None else n_loop
+    if exits is not None:
+        exits.loops.clear()
+    return total / Y.numel(), mean
 
 
 def cmd_exit_tokens(model, val, exits, K, windows, png=None):

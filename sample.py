@@ -14,7 +14,7 @@ import torch
 
 import inference
 from checkpoint import load_checkpoint
-from inference import EXIT_KEYS, checkpoint_tokenizer, exit_option, model_from_checkpoint
+from inference import EXIT_CHECKS, EXIT_KEYS, checkpoint_tokenizer, exit_option, model_from_checkpoint
 from common import ERRORS, SYSTEM_CHECKS, ConfigError, autocast, die, setup
 from configurator import INT_GE0, INT_GE1, configure, num
 from precision import resolve_dtype
@@ -36,8 +36,7 @@ DEFAULTS = dict(
     **EXIT_KEYS,
 )
 CHECKS = {**SYSTEM_CHECKS, "num_samples": INT_GE1, "max_new_tokens": INT_GE1, "top_k": INT_GE0, "n_loop": INT_GE0,
-          "temperature": num(0),
-          "exit_rule": (lambda v: v in ("", "prob", "kl"), "'' (off), 'prob' or 'kl'"), "exit_min_loops": INT_GE1}
+          "temperature": num(0), **EXIT_CHECKS}
 
 
 def read_prompt(start):
