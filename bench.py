@@ -27,10 +27,10 @@ import torch
 
 import train_config
 from kernels import topk_phi
-from memory import format_plan, plan
-from common import DTYPES, ERRORS, SYSTEM_CHECKS, ConfigError, autocast, die, setup, table
-from measure import RowLog, cached_plan, check_row_log
-from configurator import INT_GE0, INT_GE1, OUTPUT, configure
+from memory import AUTO_ORDER, GB, GPUS, auto_note, device_bytes, format_plan, pick_checkpointing, plan
+from common import DTYPES, ERRORS, SYSTEM_CHECKS, ConfigError, autocast, die, owned, setup, table
+from measure import RowLog, cached_plan
+from configurator import INT_GE0, INT_GE1, OUTPUT, check_inert, configure
 from model import GPT, RECURRENCES, GPTConfig
 from precision import resolve_dtype
 
@@ -237,9 +237,10 @@ ASSUMED_MFU = 0.35
 TOKENS = 20e9
 
 
-def training_config(argv, name, doc, extra, checks, need_file=True, need_vocab=True, files=()):
+def training_config(argv, name, doc, extra, checks, need_file=True, need_vocab=True, files=(), unused=()):
     """The preamble of every subcommand that reads a training config: train.py's keys and checks
-    (train_config.py) plus the subcommand's own `extra` keys and `checks`; a one-line exit 2 on bad input."""
+    (train_config.py) plus the subcommand's own `extra` keys and `checks`; a one-line exit 2 on bad input. `unused`:
+    training keys the subcommand never reads (train.py's inert rule: refused when typed, noted when a file sets them)."""
     try:
         if need_file and not any(a.endswith(".py") for a in argv if not a.startswith("--")) and not {"-h", "--help"} & set(argv):
             cmd = name if name.endswith(".py") else f"bench.py {name}"
@@ -249,8 +250,12 @@ def training_config(argv, name, doc, extra, checks, need_file=True, need_vocab=T
                       [*files, __file__, train_config.__file__, sys.modules[GPTConfig.__module__].__file__],
                       {**train_config.CHECKS, **checks}, stated)
         train_config.check(c, stated)  # train.py's one validator: the training keys' relations, GPTConfig's, inert keys
+        check_inert(c, train_config.defaults(), {k: (lambda c: False, f"a script that reads it (bench.py {name} times "
+                                                   "fp32 eager decoding)") for k in unused}, stated)
         if need_vocab and not c["vocab_size"]:
             raise ConfigError("vocab_size=0 (the dataset's) is unknown without the data: set --vocab_size")
+        if c.get("json"):  # every such --json is a measure.RowLog: before any work, a pipe or a user's file is one line
+            owned(c["json"], "jsonl", "json", "extended")
         return c
     except (ConfigError, ValueError) as e:
         die(e)
@@ -266,13 +271,20 @@ def plan_main(argv):
             f"{c['gradient_accumulation_steps']}")
     if not c["vocab_size"]:
         die("vocab_size=0 (the dataset's) cannot be planned without the data: set --vocab_size")
-    p = plan(c, c["world_size"])
+    ac = c["activation_checkpointing"]
+    plans = {a: plan({**c, "activation_checkpointing": a}, c["world_size"]) for a in (AUTO_ORDER if ac == "auto" else [ac])}
+    if ac == "auto":  # every policy planned, what 'auto' picks on each GPU, and the plan of the first GPU's pick
+        totals = {a: p.total for a, p in plans.items()}
+        picks = [pick_checkpointing(totals.get, cap) for cap in GPUS.values()]
+        print("\n".join(auto_note(pick, totals, cap, name) for pick, (name, cap) in zip(picks, GPUS.items())))
+        c = {**c, "activation_checkpointing": picks[0]}
+    p = plans[c["activation_checkpointing"]]
     print(format_plan(p, c, c["world_size"]))
     with torch.device("meta"):
         model = GPT(GPTConfig.from_dict(c))
     T = c["block_size"]
     f_model = model.flops_per_token(T)
-    f_hw = model.flops_per_token(T, recompute=c["activation_checkpointing"] == "block")
+    f_hw = model.flops_per_token(T, recompute=c["activation_checkpointing"])
     tok_s = ASSUMED_MFU * H100_BF16_PEAK / f_model  # per GPU
     gpus = c["world_size"]
     print(f"\nFLOPs per token: {f_model / 1e9:.2f} G (model), {f_hw / 1e9:.2f} G with recompute")
@@ -315,18 +327,21 @@ def step_main(argv):
     stop_on_signals()
     dtype = resolve_dtype(c["dtype"], device)
     try:
-        check_row_log(c["json"])
         PHASE[0] = "the memory plans"
-        plans = {r: cached_plan(c, r, DTYPES[dtype]) for r in names}  # before anything is timed
+        policy = {r: c["activation_checkpointing"] for r in names}  # 'auto': per variant, by this device's memory
+        for r in names if c["activation_checkpointing"] == "auto" else ():
+            policy[r] = pick_checkpointing(lambda a: GB * cached_plan({**c, "activation_checkpointing": a}, r, DTYPES[dtype]),
+                                           device_bytes(device))
+        plans = {r: cached_plan({**c, "activation_checkpointing": policy[r]}, r, DTYPES[dtype]) for r in names}  # before timing
     except ConfigError as e:
         die(e)
     print(f"device {device} ({torch.cuda.get_device_name() if device.startswith('cuda') else 'cpu'}), dtype {dtype}, "
           f"compile {c['compile']} (mode {c['compile_mode']}), micro-batch {c['batch_size']} x {c['block_size']}, "
-          f"torch {torch.__version__}; plans (GB): " + ", ".join(f"{r} {g:.2f}" for r, g in plans.items()), flush=True)
+          f"torch {torch.__version__}; plans (GB): " + ", ".join(f"{r} {g:.2f} ({policy[r]})" for r, g in plans.items()), flush=True)
     if not c["steps"]:  # the plans are the rows
         log = RowLog(["recurrence", "plan GB"], c["json"], {"config": config_file(argv), "dtype": dtype, "plans_only": True})
         for r, gb in plans.items():
-            log.add(r, [RECURRENCES[r].label, f"{gb:.3f}"], {"plan_GB": gb})
+            log.add(r, [RECURRENCES[r].label, f"{gb:.3f}"], {"plan_GB": gb, "activation_checkpointing": policy[r]})
         return plans
     peak_flops = c["peak_flops"] or H100_BF16_PEAK
     log = RowLog(["recurrence", "first step s", "graphs", "recompiles", "step ms", "tokens/s",
@@ -336,7 +351,7 @@ def step_main(argv):
                   "torch": torch.__version__})
     ref = None
     for r in names:
-        row = measure_step(c, r, device, dtype, plans[r])
+        row = measure_step({**c, "activation_checkpointing": policy[r]}, r, device, dtype, plans[r])
         ref = ref or row["step_ms"]
         log.add(r, [RECURRENCES[r].label] + [row[k] for k in STEP_COLUMNS] + [f"{row['step_ms'] / ref:.3f}x"], row)
         if device.startswith("cuda"):
@@ -424,12 +439,13 @@ def measure_step(c, r, device, dtype, planned):
     reserved = torch.cuda.max_memory_reserved() / 1e9 if cuda else float("nan")
     PHASE[0] = f"top-k Phi of {r} timed alone"
     share = topk_phi_seconds(model, B, T, ctx, device, c["steps"]) / dt
-    mfu = model.flops_per_token(T, recompute=False) * B * T / dt / (c["peak_flops"] or H100_BF16_PEAK)  # step's basis
+    mfu = model.flops_per_token(T) * B * T / dt / (c["peak_flops"] or H100_BF16_PEAK)  # step's basis
     return {"first_s": round(first, 1), "graphs": counters["stats"]["unique_graphs"] if counters is not None else 0,
             "recompiles": sum(len(v) for v in guard_failures.values()) if guard_failures is not None else 0,
             "step_ms": round(dt * 1000, 1), "tok_per_s": round(B * T / dt), "mfu": round(mfu, 4),
             "peak_alloc_GB": round(peak, 2), "peak_reserved_GB": round(reserved, 2), "plan_GB": round(planned, 3),
-            "peak_over_plan": round(peak / planned, 3), "phi_share": round(share, 3)}
+            "peak_over_plan": round(peak / planned, 3), "phi_share": round(share, 3),
+            "activation_checkpointing": c["activation_checkpointing"]}
 
 
 def topk_phi_seconds(model, B, T, ctx, device, steps):
@@ -450,21 +466,24 @@ def topk_phi_seconds(model, B, T, ctx, device, steps):
 
 
 def sample_main(argv):
-    """bench.py sample CONFIG [--new_tokens=256] [--prompt=16] [--ckpt=RUN] [--exit_rule=prob --exit_threshold=0.9]:
-    new tokens per second of greedy GPT.generate with and without the key/value cache per (loop, layer), at a training
-    config's shape (random weights) or a checkpoint's (--ckpt: its shape and weights), in one run; with exit_rule also
-    with adaptive depth (model.Exit): tokens/s, loops per token, blocks saved, tokens equal to the all-loop sample."""
+    """bench.py sample CONFIG [--new_tokens=256] [--prompt=16] [--ckpt=RUN] [--exit_rule=prob --exit_threshold=0.9]
+    [--speculative_draft_loops=1 --speculative_len=4]: new tokens per second of greedy GPT.generate with and without
+    the key/value cache per (loop, layer), at a training config's shape (random weights) or a checkpoint's (--ckpt: its
+    shape and weights), in one run; with exit_rule also with adaptive depth (model.Exit): tokens/s, loops per token,
+    blocks saved, tokens equal to the all-loop sample; with speculative_draft_loops also exact self-speculative
+    decoding (speculative.py): the same, its share of drafts accepted and new tokens per full-depth verification."""
     from checkpoint import load_checkpoint  # here: only sample reads a run
     from inference import EXIT_CHECKS, EXIT_KEYS, exit_option, model_from_checkpoint  # (the same)
+    from speculative import SPEC_CHECKS, SPEC_KEYS, generate, spec_option  # (the same)
     extra = {"new_tokens": 256,  # tokens to generate, after the prompt
              "prompt": 16,       # prompt length (random tokens)
              "ckpt": "",         # a run folder or checkpoint: its shape and weights instead of random ones
              "samples": 1,       # prompts (rows of one batch = 1: a batch only exits where every row has)
-             **EXIT_KEYS}
+             **EXIT_KEYS, **SPEC_KEYS}
     c = training_config(argv, "sample", sample_main.__doc__, extra, {"new_tokens": INT_GE1, "prompt": INT_GE1,
-                        "samples": INT_GE1, **EXIT_CHECKS},
+                        "samples": INT_GE1, **EXIT_CHECKS, **SPEC_CHECKS}, unused=("dtype", "compile"),
                         need_vocab=not any(a.startswith("--ckpt=") and len(a) > 7 for a in argv),  # a run has its own
-                        files=[sys.modules["inference"].__file__])  # EXIT_KEYS' comments
+                        files=[sys.modules[m].__file__ for m in ("inference", "speculative")])  # their keys' comments
     try:
         device = setup(c["device"], c["threads"])
         if c["ckpt"]:
@@ -476,6 +495,7 @@ def sample_main(argv):
         else:
             model = GPT(GPTConfig.from_dict({**c, "block_size": max(c["block_size"], c["prompt"] + c["new_tokens"])}))
         exits = exit_option(c["exit_rule"], c["exit_threshold"], c["exit_min_loops"], model)
+        spec = spec_option(c["speculative_draft_loops"], c["speculative_len"], model)  # a row of its own: exits apart
         if c["prompt"] + c["new_tokens"] > model.config.block_size:
             raise ConfigError(f"prompt + new_tokens = {c['prompt'] + c['new_tokens']} exceeds the checkpoint's "
                               f"block_size={model.config.block_size}")
@@ -486,27 +506,35 @@ def sample_main(argv):
     prompts = torch.randint(0, cfg.vocab_size, (c["samples"], 1, c["prompt"]), device=device)
     runs = [("with the (loop, layer) cache", True, None), ("without (whole prefix every token)", False, None)]
     runs += [(f"cache + exits ({exits.rule} {exits.threshold:g}, min {exits.min_loops})", True, exits)] if exits else []
+    runs += [(f"speculative (draft {spec.draft_loops} loops, {spec.draft_len} tokens)", True, spec)] if spec else []
     seconds, out = {}, {}
     model.generate(prompts[0], 2, temperature=0)  # warm-up: the first call pays one-time costs
     for name, uc, ex in runs:
         t = time.perf_counter()
-        out[name] = [model.generate(x, c["new_tokens"], temperature=0, use_cache=uc, exits=ex) for x in prompts]
+        out[name] = [generate(model, x, c["new_tokens"], ex, temperature=0) if ex is not None and ex is spec else
+                     model.generate(x, c["new_tokens"], temperature=0, use_cache=uc, exits=ex) for x in prompts]
         seconds[name] = time.perf_counter() - t
     print(f"{model.rec.label}, K={cfg.n_loop}, {cfg.n_layer} layers, d={cfg.n_embd}, V={cfg.vocab_size}"
           f"{' (' + c['ckpt'] + ')' if c['ckpt'] else ', random weights'}: {c['samples']} x {c['new_tokens']} new "
           f"tokens after a {c['prompt']}-token prompt, greedy, fp32, threads {torch.get_num_threads()}")
     if not c["ckpt"] and cfg.block_size > c["block_size"]:  # random weights: a longer context costs only positions
         print(f"block_size raised from the config's {c['block_size']} to {cfg.block_size} = prompt + new_tokens")
-    base, n = runs[0][0], c["samples"] * c["new_tokens"]
-    rows = []
+    print(sample_table(runs, out, seconds, c["samples"] * c["new_tokens"], c["prompt"], cfg.n_loop, spec))
+
+
+def sample_table(runs, out, seconds, n, prompt, K, spec):
+    """`bench.py sample`'s table: a row per run of n new tokens, beside the first run's (the cached all-loop one);
+    the speculative run's loops per token count every position it verified, its rejected drafts too."""
+    base, rows = runs[0][0], []
     for name, uc, ex in runs:
-        new = [t.flatten() for t in ex.loops if t.size(1) == 1] if ex else []  # the new tokens' passes, not the prompt's
-        loops = torch.cat(new).float().mean().item() if new else cfg.n_loop
-        same = sum(int((a == b).sum()) - c["prompt"] for a, b in zip(out[name], out[base])) / n
+        sp = ex if ex is not None and ex is spec else None
+        new = [t.flatten() for t in ex.loops if t.size(1) == 1] if ex and not sp else []  # the new tokens' passes
+        loops = sp.loops_per_token(K) if sp else torch.cat(new).float().mean().item() if new else K
+        same = sum(int((a == b).sum()) - prompt for a, b in zip(out[name], out[base])) / n
         rows.append([name, round(seconds[name], 3), round(n / seconds[name], 1), round(seconds[base] / seconds[name], 2),
-                     round(loops, 3), f"{1 - loops / cfg.n_loop:.1%}", f"{same:.1%}"])
-    print(table(["generate", "seconds", "new tokens/s", "vs cache", "loops/token", "looped blocks saved",
-                 "tokens = cached all-loop"], rows))
+                     round(loops, 3), f"{1 - loops / K:.1%}", f"{same:.1%}", *(sp.cells() if sp else ["-", "-"])])
+    return table(["generate", "seconds", "new tokens/s", "vs cache", "loops/token", "looped blocks saved",
+                  "tokens = cached all-loop", "drafts accepted", "tokens/verification"], rows)
 
 
 # subcommand -> its main(argv); no subcommand: the default CPU-shape comparison (main)

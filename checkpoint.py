@@ -14,12 +14,12 @@ import zlib
 
 import torch
 
-from common import CheckpointError, atomic_write, tmp_name
-from compat import upgrade_checkpoint
+from common import CheckpointError, ConfigError, atomic_write, marked, owned, tmp_name
+from compat import renamed, retire, upgrade_checkpoint
 from configurator import COMMAND_LINE
 from curriculum import joins_changed
-from model import GPTConfig
-from pretrained import ARCH_KEYS, CONTINUE_KEYS, from_pretrained, hf_folder, pretrained_architecture
+from datafolder import hf_folder
+from model import ARCH_KEYS, CONTINUE_KEYS, GPTConfig
 
 
 def content_crc(obj, crc=0):
@@ -45,12 +45,27 @@ def save_checkpoint(obj, path):
     """temp file + fsync + rename: a kill at any moment leaves either the old or the new file. A
     failed write (disk full) removes its temp file and raises a one-line CheckpointError."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    obj = marked(obj, "checkpoint")  # common.owned: only a file with the mark is ever replaced or deleted
     obj = {**obj, "crc32": content_crc(obj)}
     try:
         atomic_write(path, lambda f: torch.save(obj, f), durable=True)
     except (OSError, RuntimeError) as e:  # torch.save reports a full disk as RuntimeError
         reason = getattr(e, "strerror", None) or (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
         raise CheckpointError(f"could not write '{path}' ({reason}); the previous checkpoint, if any, is kept") from None
+
+
+def earlier_work(out_dir):
+    """An earlier run's files in out_dir, which a new run deletes and a resume may replace: ckpt.pt and ckpt_<iter>.pt,
+    each carrying the project's mark (common.owned: a user's file of that name is one line, never touched), and a
+    non-empty metrics.jsonl."""
+    names = [n for n in sorted(os.listdir(out_dir)) if n == "ckpt.pt" or n[:5] + n[-3:] == "ckpt_.pt" and n[5:-3].isdigit()]
+    for n in names:
+        try:
+            owned(os.path.join(out_dir, n), "checkpoint", "checkpoint", "replaced or deleted")
+        except ConfigError as e:
+            raise CheckpointError(f"out_dir {out_dir!r}: {e}") from None
+    metrics = os.path.join(out_dir, "metrics.jsonl")
+    return names + (["metrics.jsonl"] if os.path.isfile(metrics) and os.path.getsize(metrics) else [])
 
 
 def keep_copy(path, copy_path):
@@ -96,7 +111,7 @@ def load_checkpoint(path, map_location="cpu", required=("model", "model_args")):
 # (split_join is listed: its own rule, joins_acted, lets only joins that have not acted yet move.)
 RESUMABLE = ("max_iters", "eval_interval", "keep_every", "log_interval", "eval_iters", "eval_batch_size", "stage1_splits", "eval_only", "init_from",
              "overwrite", "stop_metric", "stop_patience", "split_join", "threads", "device", "compile", "compile_mode", "phi_kernel",
-             "memory_check",
+             "memory_check", "activation_checkpointing",  # memory, not numbers: equal gradients (tests/test_checkpointing.py)
              "peak_flops", "wandb_log", "wandb_project", "wandb_run_name", "out_dir", "data_dir", "data_args")
 
 
@@ -135,17 +150,24 @@ def load_for_resume(path, config, data_config, rows):
     return ckpt, changes
 
 
-def resume_architecture(path, stated):
-    """init_from=resume: {architecture key (pretrained.ARCH_KEYS): the checkpoint's value} for those no config file
-    or command line states. The weights decide their architecture, as a Hugging Face folder does on a branch: a run
-    branched from one took these from the folder, and its own command (the folder's name replaced by 'resume')
-    continues it. Stated keys stay, for load_for_resume to compare. Only the record is read (tensors are mapped,
+def resume_architecture(path, config, stated):
+    """init_from=resume: {architecture key (pretrained.ARCH_KEYS): the checkpoint's value} for every key the command
+    line does not type. The weights decide their architecture, as a Hugging Face folder does on a branch: a run
+    branched from one took these from the folder over its config file's, and its own command (the folder's name
+    replaced by 'resume') continues it; a config file's other value is noted, one line per key, as the branch noted
+    it. Typed keys stay, for load_for_resume to compare (and refuse). Only the record is read (tensors are mapped,
     not loaded); {} when it cannot be read, and load_for_resume says why."""
     try:
-        saved = torch.load(path, map_location="cpu", weights_only=True, mmap=True)["model_args"]
-        return {k: saved[k] for k in ARCH_KEYS if k in saved and k not in stated}
+        saved = retire(renamed(torch.load(path, map_location="cpu", weights_only=True, mmap=True)["model_args"]),
+                       note=False)  # the full load that follows notes what it retires
     except Exception:  # not there, damaged, not ours: the full load that follows gives the one-line reason
         return {}
+    take = {k: saved[k] for k in ARCH_KEYS if k in saved and stated.get(k) != COMMAND_LINE}
+    for k, v in take.items():
+        if k in stated and config.get(k) != v:
+            print(f"note: {k}={v!r} of the checkpoint replaces {k}={config[k]!r} of {stated[k]} (the weights decide "
+                  "their architecture)", file=sys.stderr)
+    return take
 
 
 def restore_training(ckpt, path, optimizers, ema, device_type, need_optimizer=True):
@@ -174,11 +196,12 @@ def config_mismatch(saved, wanted, keys):
 def load_branch(path, config, stated=()):
     """init_from=<folder>: the starting weights of a new run, with its own optimizer and schedule (a resume stays
     strict). A run folder or checkpoint file gives its weights (and its weight average); a Hugging Face folder gives
-    pretrained.from_pretrained's: the folder decides the architecture (pretrained.ARCH_KEYS: a config file's value
+    pretrained.from_pretrained's: the folder decides the architecture (model.ARCH_KEYS: a config file's value
     is replaced, one line each; one typed on the command line, `stated`, at another value is refused naming both),
     the config the rest (CONTINUE_KEYS: the recurrence, the window, ...). Returns (model state, weight-average state or None, {model key: value} the
     config must take, facts for config.json)."""
     if hf_folder(path):
+        from pretrained import from_pretrained, pretrained_architecture  # only a branch from a folder converts one
         stated = stated if isinstance(stated, dict) else dict.fromkeys(stated, COMMAND_LINE)
         typed = {k for k, where in stated.items() if where == COMMAND_LINE}  # a conflict the user typed is refused
         keys = {k: config[k] for k in config if k in CONTINUE_KEYS or (k in ARCH_KEYS and k in typed)}

@@ -10,6 +10,7 @@ import os
 import re
 import secrets
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -81,6 +82,68 @@ def read_json(path):
     if not isinstance(obj, dict):
         raise DataError(f"'{path}' holds a JSON {type(obj).__name__}, not an object")
     return obj
+
+
+# Ownership by a mark, not a name: every file the project may later replace, extend or delete carries MARK (a JSON
+# object's key, the first row's key of a JSON-lines file, a figure's Creator metadata, a checkpoint's key). A user's
+# file cannot carry it by accident; owned() is the one check every script makes before any work.
+MARK = "discoloop_mark"
+FIGURE_METADATA = {"Creator": f"{MARK} figure"}  # savefig(metadata=...): PNG text, PDF Info and SVG metadata, uncompressed
+_NOT_REGULAR = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a named pipe"), (stat.S_ISSOCK, "a socket"),
+                (stat.S_ISCHR, "a device"), (stat.S_ISBLK, "a device"))
+
+
+def marked(obj, what):
+    """A JSON object (a result, a row log's first row, a cache) with the project's mark saying what wrote it."""
+    return {MARK: what, **obj}
+
+
+def _found(path, kind):
+    """None when the regular, non-empty file at path carries the mark of `kind`; else what it holds, in a few words."""
+    if kind == "figure":
+        with open(path, "rb") as f:
+            head = f.read(1 << 20)
+        return None if FIGURE_METADATA["Creator"].encode() in head else f"a {len(head)}+ byte file without the mark"
+    if kind == "checkpoint":
+        try:  # mmap: the pickle is read, the tensors are not; weights_only: nobody's code runs
+            obj = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        except Exception as e:
+            return f"a file torch cannot read as a checkpoint ({type(e).__name__})"
+        if isinstance(obj, dict) and (MARK in obj or {"model_args", "crc32"} <= set(obj)):  # crc32: earlier commits'
+            return None
+        return f"a torch file with keys {sorted(map(str, obj))[:4] if isinstance(obj, dict) else type(obj).__name__}"
+    try:
+        with open(path, encoding="utf-8") as f:
+            obj = json.loads(f.readline() if kind == "jsonl" else f.read())
+    except (ValueError, UnicodeDecodeError):
+        return f"{'a first line' if kind == 'jsonl' else 'text'} that is not JSON"
+    if isinstance(obj, dict) and isinstance(obj.get(MARK), str):
+        return None
+    return f"a JSON {type(obj).__name__}{f' with keys {sorted(obj)[:4]}' if isinstance(obj, dict) else ''} without the mark"
+
+
+def owned(path, kind, key="json", verb="replaced"):
+    """True when the file at path carries the project's mark of `kind` ('json', 'jsonl', 'figure', 'checkpoint'), False
+    when path is absent or an empty regular file: either may be written. Anything else is a one-line ConfigError
+    naming key, path and what was found; a pipe, socket, device or folder is refused before it is opened (a named
+    pipe would block for ever)."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return False  # new (a dangling link: its target is made)
+    except OSError as e:
+        raise ConfigError(f"{key}={path!r} cannot be read ({e.strerror}): choose another path") from None
+    what = next((name for test, name in _NOT_REGULAR if test(st.st_mode)), None)
+    if what:
+        raise ConfigError(f"{key}={path!r} is {what}, not a regular file: allowed a new path or a file this project "
+                          "wrote; choose another path")
+    if st.st_size == 0:
+        return False
+    found = _found(path, kind)
+    if found:
+        raise ConfigError(f"{key}={path!r} holds {found} ({MARK!r} is what every file this project writes carries): "
+                          f"only such a file is {verb}; left untouched, choose another path")
+    return True
 
 
 def atomic_write(path, content, durable=False):

@@ -5,6 +5,8 @@ dataprep.check_ours for a prepare script's own folders) goes through here, so re
 in this file.
 """
 
+import sys
+
 # keys renamed since: Phi's settings drive PonderLM as well as DiscoLoop, so they are not called disco_*
 RENAMED = {"disco_tau": "phi_tau", "disco_topk": "phi_topk", "disco_chunk": "phi_chunk"}
 
@@ -12,6 +14,22 @@ RENAMED = {"disco_tau": "phi_tau", "disco_topk": "phi_topk", "disco_chunk": "phi
 def renamed(d):
     """d with every old key name replaced by its new one."""
     return {RENAMED.get(k, k): v for k, v in d.items()}
+
+
+# compute-only values retired since (a Phi kernel moved to lab/phi.py): they change no weight, so a checkpoint that
+# names one reads as today's default, with one note
+RETIRED = {"phi_kernel": (("dense", "twostage", "unsorted"), "auto", "a Phi kernel moved to lab/phi.py")}
+
+
+def retire(d, note=True):
+    """d with every retired compute-only value replaced by its default, one note each on stderr (note=True)."""
+    for key, (old, default, what) in RETIRED.items():
+        if isinstance(d.get(key), str) and d[key].split("+")[0] in old:
+            if note:
+                print(f"note: the checkpoint has {key}={d[key]!r} ({what}; it changes no weight): read as {default!r}",
+                      file=sys.stderr)
+            d = {**d, key: default}
+    return d
 
 
 def upgrade_checkpoint(ckpt):
@@ -22,7 +40,7 @@ def upgrade_checkpoint(ckpt):
         ckpt["dtype_resolved"] = ckpt.pop("dtype")
     for key in ("model_args", "config"):
         if isinstance(ckpt.get(key), dict):
-            ckpt[key] = renamed(ckpt[key])
+            ckpt[key] = retire(renamed(ckpt[key]), note=key == "model_args")  # one note: config repeats the key
     for key in ("model", "ema"):
         if isinstance(ckpt.get(key), dict):
             ckpt[key] = {k.removeprefix("_orig_mod."): v for k, v in ckpt[key].items()}

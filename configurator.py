@@ -110,14 +110,15 @@ def check(config, checks):
                 raise ConfigError(f"{k}={config[k]!r} is invalid: allowed {allowed}")
 
 
-def inert(config, defaults, active):
-    """{key: why} for every key set away from its default that has no effect in the resolved config. `active` is
+def inert(config, defaults, active, typed=()):
+    """{key: why} for every key set away from its default, or typed at any value (`typed`: a user asked for it), that
+    has no effect in the resolved config. `active` is
     each owner's declaration of when its keys act (GPTConfig.ACTIVE, train_config.ACTIVE): {key or family prefix
     ending in '_': (predicate over the config, what it needs, a format string over the config)}; a prefix covers
     every key of its family, those added later too. A key is inert when a rule covering it is false."""
     out = {}
     for k, v in config.items():
-        if k not in defaults or v == defaults[k]:
+        if k not in defaults or (v == defaults[k] and k not in typed):
             continue
         for name, (ok, needs) in active.items():
             if (k == name or (name.endswith("_") and k.startswith(name))) and not ok(config):
@@ -130,7 +131,7 @@ def check_inert(config, defaults, active, stated):
     """Inert keys (inert()): one typed on the command line is a ConfigError (the user asked for something that would
     not happen); one a config file set (an override made it inert) is a note on stderr. Returns {key: why}, for
     config.json."""
-    found = inert(config, defaults, active)
+    found = inert(config, defaults, active, [k for k, where in stated.items() if where == COMMAND_LINE])
     typed = [k for k in found if stated.get(k) == COMMAND_LINE]
     if typed:
         raise ConfigError(f"{found[typed[0]]}: drop --{typed[0]}, or set what it needs")

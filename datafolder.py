@@ -12,7 +12,7 @@ Anything else is nobody's we know, and is left untouched.
 """
 import os
 
-from common import DataError, read_json
+from common import ConfigError, DataError, owned, read_json
 
 KINDS = ("qa", "tokens", "tasks", "model")  # tasks: lm-eval task YAMLs (data/benchmarks); model: pretrained weights (data/smollm2)
 MODEL_FILES = (".safetensors", ".bin", ".gguf", ".pt", "tokenizer.json", "tokenizer_config.json")  # a model's files
@@ -75,12 +75,32 @@ def kind_of(meta):
     return kind
 
 
+def hf_folder(path):
+    """Whether path is a Hugging Face model folder (config.json, no ckpt.pt), not a run folder or a checkpoint."""
+    return (isinstance(path, str) and os.path.isdir(path) and os.path.isfile(os.path.join(path, "config.json"))
+            and not os.path.exists(os.path.join(path, "ckpt.pt")))
+
+
 def _json_object(path):
     """A JSON object file's content, or None for anything else (owner() only looks; the folder's reader says why)."""
     try:
         return read_json(path)
     except DataError:
         return None
+
+
+def _marked_run_file(path):
+    """A run's own run.lock (empty or its holder's PID: runlog.lock_run_folder) or ckpt.pt (the mark, common.owned);
+    a user's file of either name proves nothing."""
+    if not os.path.isfile(path):
+        return False
+    if path.endswith("run.lock"):
+        with open(path, "rb") as f:
+            return f.read(33).strip().isdigit() or os.path.getsize(path) == 0
+    try:
+        return owned(path, "checkpoint", "checkpoint")
+    except ConfigError:
+        return False
 
 
 def owner(path):
@@ -107,11 +127,12 @@ def owner(path):
     if config is not None and {"init_from", "out_dir", "resumes", "dtype_resolved", "recurrence"} <= set(config):
         return "train.py"  # its record (RunLog.start): the folder is a run's, whatever else a user put beside it
     model_files = any(n.endswith(MODEL_FILES) and not n.startswith("ckpt") for n in names)
-    if config is None and names & {"run.lock", "ckpt.pt"} and not model_files:
+    run_files = {n for n in names & {"run.lock", "ckpt.pt"} if _marked_run_file(os.path.join(path, n))}
+    if config is None and run_files and not model_files:
         return "train.py"  # its lock or checkpoint beside a torn or hand-edited config.json: still a run's
     if "config.json" in names or model_files:
         return "a Hugging Face model (config.json, weights or tokenizer files)"
-    if names & {"run.lock", "ckpt.pt"}:  # proof: its lock (the first thing it writes) or its checkpoint
+    if run_files:  # proof: its lock (the first thing it writes) or its checkpoint
         return "train.py"
     return f"unknown files {sorted(names)[:3]} (no run.lock, no config.json of train.py's)"
 

@@ -20,9 +20,8 @@ import os
 from common import ConfigError, DataError
 from configurator import merge
 from curriculum import check_against
-from datafolder import kind_of, read_meta
+from datafolder import hf_folder, kind_of, read_meta
 from model import RECURRENCES, GPTConfig
-from pretrained import hf_folder
 from shards import TokenData
 from tasks import QAData
 from tokenizer import check_folder_tokenizer, check_shards_tokenizer
@@ -69,9 +68,10 @@ def open_data(dataset, data_dir, data_args, block_size, eval_iters, seed, split_
             raise DataError(f"split_join={split_join!r} is for QA datasets; a token corpus has no splits to join")
         if data_args:
             check_made_with(prep.DEFAULTS, data_args, meta.get("config", {}), data_dir)
-        return TokenData(data_dir, block_size, eval_iters, seed)
+        return TokenData(data_dir, block_size, eval_iters, seed, meta)  # meta.json read once, handed on
     # a join by rule ('acc/val_id>=0.9') is not known yet: the split waits until train.py sets it
-    return QAData(data_dir, block_size, {s: None if isinstance(j, str) else j for s, j in split_join.items()}, **(qa or {}))
+    return QAData(data_dir, block_size, {s: None if isinstance(j, str) else j for s, j in split_join.items()}, meta=meta,
+                  **(qa or {}))
 
 
 def check_made_with(defaults, data_args, have, data_dir):

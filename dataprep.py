@@ -1,6 +1,7 @@
 """
-Making data folders: what the data/<name>/prepare.py scripts share (and export_hf.py's atomic folder replace); training
-never imports this. A script's command line (cli); the prepare lock; whether a folder may be made (again) by its
+Making data folders: what the data/<name>/prepare.py scripts share (and export_hf.py's atomic folder replace); a
+training run loads it through its dataset's prepare script (dataloader.open_data prepares a question-answer set on first
+use, a no-op when the folder is this config's). A script's command line (cli); the prepare lock; whether a folder may be made (again) by its
 script (check_ours: absent, its own with this config, or its own of an older form); a folder written whole then
 renamed into place (replace_folder); the one prepare sequence of a question-answer dataset (prepare_qa: the format
 write_qa writes is what tasks.QAData reads); a wheel from the package index.

@@ -6,6 +6,7 @@ Zero-shot evaluation of a pretrained checkpoint with lm-evaluation-harness (pape
     python eval_harness.py lm_eval --model discoloop --model_args ckpt=out/pretrain_disco --tasks piqa   # the harness CLI
     python eval_harness.py --ckpt=out/small_disco --tasks=table2_offline --include_path=data/benchmarks/out  # offline
     python eval_harness.py --ckpt=out/small_disco --tasks=piqa --exit_rule=prob --exit_threshold=0.5   # adaptive depth
+    python eval_harness.py --ckpt=out/small_disco --tasks=lambada_openai --speculative_draft_loops=1   # speculative greedy
 
 Prints Table 2's row (acc_norm where the harness reports it, else acc, and the average) and
 writes JSON (with exit_rule: the mean loops per scored token, model.Exit). The model is registered with the harness as "discoloop"; the harness's own CLI does not
@@ -29,12 +30,14 @@ from common import autocast, resolve_device, table
 import inference
 from checkpoint import load_checkpoint
 from inference import (EXIT_CHECKS, EXIT_KEYS, beside_checkpoint, checkpoint_tokenizer, exit_option, folder_tokenizer,
-                       check_own_result, model_from_checkpoint, trained_on_tokens)
+                       model_from_checkpoint, trained_on_tokens)
 from model import Exit
-from common import ERRORS, SYSTEM_CHECKS, CheckpointError, ConfigError, die
+from common import ERRORS, SYSTEM_CHECKS, CheckpointError, ConfigError, atomic_write, die, marked, owned
 from configurator import INT_GE0, INT_GE1, OUTPUT, configure
 from precision import resolve_dtype
 from pretrained import from_pretrained, hf_folder, pretrained_architecture
+import speculative
+from speculative import SPEC_CHECKS, SPEC_KEYS, spec_option
 
 TABLE2 = ["arc_challenge", "arc_easy", "hellaswag", "lambada_openai", "piqa", "race", "sciq"]
 
@@ -59,7 +62,7 @@ def folder_tokenizer_first(path):
 @register_model("discoloop")
 class DiscoLoopLM(TemplateLM):
     def __init__(self, ckpt, n_loop=None, batch_size=16, device="auto", dtype="auto", max_gen_toks=256, exit_rule="",
-                 exit_threshold=0.9, exit_min_loops=1, **_):
+                 exit_threshold=0.9, exit_min_loops=1, speculative_draft_loops=0, speculative_len=4, **_):
         super().__init__()
         self.dev = resolve_device(device)
         if hf_folder(ckpt):  # e.g. the pretrained model a looped one was continued from (data/smollm2/out)
@@ -76,6 +79,7 @@ class DiscoLoopLM(TemplateLM):
             raise ConfigError(f"n_loop={self.n_loop} is invalid: allowed 0 (the trained K={K}) or 1.."
                               f"{K if self.model.rec.copies else 'any'} for recurrence={self.model.config.recurrence!r}")
         self.exits = exit_option(exit_rule, exit_threshold, exit_min_loops, self.model, self.n_loop)
+        self.spec = spec_option(int(speculative_draft_loops), int(speculative_len), self.model, self.n_loop, self.exits)
         self.loops = [0, 0]  # adaptive depth: loops run by the scored inputs' tokens, and how many tokens
         self.batch = int(batch_size)
         self.max_gen_toks = int(max_gen_toks)
@@ -170,8 +174,9 @@ class DiscoLoopLM(TemplateLM):
                 new = y[0, n:].tolist()
                 return new[-1] == self.eot_token_id or any(u in self.tok_decode(new) for u in until)
             with self.ctx:
-                y = self.model.generate(torch.tensor([ids], device=self.dev), max_new, temperature=0, n_loop=self.n_loop,
-                                        n_vocab=self.enc.n_vocab, exits=self.exits, stop=stop)
+                x, kw = torch.tensor([ids], device=self.dev), dict(n_loop=self.n_loop, n_vocab=self.enc.n_vocab, stop=stop)
+                y = (speculative.generate(self.model, x, max_new, self.spec, temperature=0, **kw) if self.spec else
+                     self.model.generate(x, max_new, temperature=0, exits=self.exits, **kw))
             if self.exits is not None:  # the mean depth counts the scored inputs (loglikelihood) only
                 self.exits.loops.clear()
             new = y[0, len(ids):].tolist()
@@ -209,12 +214,15 @@ DEFAULTS = dict(
     threads=0,                # CPU threads (0 = torch default)
     json="",                  # output JSON (default: eval_harness.json in the run folder)
     **EXIT_KEYS,
+    **SPEC_KEYS,
 )
 CHECKS = {**SYSTEM_CHECKS, "batch_size": INT_GE1, "limit": INT_GE0, "json": OUTPUT, "n_loop": INT_GE0,
           "tasks": (lambda v: all(t.strip() for t in v.split(",")), "a comma list of lm-eval task names"),
-          "include_path": (lambda v: v == "" or os.path.isdir(v), "'' or an existing folder of task YAMLs"), **EXIT_CHECKS}
+          "include_path": (lambda v: v == "" or os.path.isdir(v), "'' or an existing folder of task YAMLs"), **EXIT_CHECKS,
+          **SPEC_CHECKS}
 CHECKED = {}  # {ckpt path: checkpoint} read by check_model_args, so that the harness's model does not read it again
-MODEL_ARG_INTS = {"n_loop": 0, "batch_size": 1, "max_gen_toks": 1, "exit_min_loops": 1}  # integer arguments, minimum
+MODEL_ARG_INTS = {"n_loop": 0, "batch_size": 1, "max_gen_toks": 1, "exit_min_loops": 1,  # integer arguments, minimum
+                  "speculative_draft_loops": 0, "speculative_len": 1}
 
 
 def check_model_args(args):
@@ -273,17 +281,17 @@ def main(argv):
         except (*ERRORS, ValueError) as e:  # our model's one-line errors (bad device, checkpoint, ...)
             die(e)
     try:
-        c = configure(DEFAULTS, argv, __doc__, [__file__, inference.__file__], CHECKS)  # EXIT_KEYS' comments: inference.py
+        c = configure(DEFAULTS, argv, __doc__, [__file__, inference.__file__, speculative.__file__], CHECKS)  # keys' comments
         if not c["ckpt"]:
             raise ConfigError("--ckpt=PATH is required (a checkpoint file or run folder)")
         path = c["json"] or beside_checkpoint(c["ckpt"], "eval_harness.json")  # decided before the evaluation
-        check_own_result(path, ("row", "results"), "eval_harness.py")
+        owned(path, "json")
         import lm_eval
         from lm_eval.tasks import TaskManager
         if c["threads"]:
             torch.set_num_threads(c["threads"])
         lm = DiscoLoopLM(c["ckpt"], n_loop=c["n_loop"], batch_size=c["batch_size"], device=c["device"], dtype=c["dtype"],
-                         **{k: c[k] for k in EXIT_KEYS})
+                         **{k: c[k] for k in (*EXIT_KEYS, *SPEC_KEYS)})
         tm = TaskManager(include_path=c["include_path"] or None)
         tasks = c["tasks"].split(",")
         unknown = [t for t in tasks if t not in tm.all_tasks]
@@ -313,9 +321,14 @@ def main(argv):
     if depth is not None:
         print(f"adaptive depth ({c['exit_rule']} {c['exit_threshold']}, min {c['exit_min_loops']}): {depth:.3f} loops per "
               f"token of {lm.n_loop or lm.model.config.n_loop}, over {lm.loops[1]} tokens of the scored inputs")
-    with open(path, "w") as f:
-        json.dump({"row": row, "results": res["results"], "n_loop": c["n_loop"] or None, "mean_loops": depth,
-                   "exit": {k: c[k] for k in EXIT_KEYS}}, f, indent=1, default=str)
+    if lm.spec is not None and lm.spec.rounds:  # only generate_until's tasks generate
+        print(lm.spec.summary())
+    result = {"row": row, "results": res["results"], "n_loop": c["n_loop"] or None, "mean_loops": depth,
+              "exit": {k: c[k] for k in EXIT_KEYS}}
+    try:
+        atomic_write(path, json.dumps(marked(result, "eval_harness.py"), indent=1, default=str))
+    except OSError as e:
+        die(f"could not write '{path}' ({e.strerror}): pass --json=PATH somewhere writable")
     print(f"wrote {path}")
 
 

@@ -1,15 +1,24 @@
 """
-A trained checkpoint opened for the scripts that use one (sample.py, eval_harness.py, probe.py, bench.py sample,
-export_hf.py; training never imports this): the model with its weight average, its tokenizer, where results go by
-default, and the adaptive-depth keys (model.Exit).
+A trained checkpoint opened for the scripts that use one (sample.py, eval_harness.py, probe.py, exits.py, bench.py
+sample, export_hf.py; training never imports this): the model with its weight average, its tokenizer, the dataset it
+was trained on (probe.py, exits.py), where results go by default, and the adaptive-depth keys (model.Exit) with the
+learned exit's gate (ExitGate; exits.py gate trains it).
 """
+import dataclasses
+import math
 import os
 import sys
 
-from common import CheckpointError, ConfigError, DataError, read_json
+import torch
+import torch.nn as nn
+
+from checkpoint import config_mismatch, content_crc, load_checkpoint
+from common import MARK, CheckpointError, ConfigError, DataError, read_json
 from configurator import INT_GE1
 from datafolder import kind_of, owner, read_meta
 from model import GPT, Exit, GPTConfig
+from shards import TokenShards
+from tasks import QAData
 from tokenizer import HFEncoding, WordVocab, from_record, get_encoding
 
 
@@ -59,6 +68,44 @@ def trained_on_tokens(ckpt):
         return "encoding" in ckpt.get("data_config", {})
 
 
+def load(ckpt_path, data_dir=None, raw=False, tokens_ok=False, split="val"):
+    """(model, data) of a checkpoint and the dataset it was trained on (probe.py, exits.py): tasks.QAData, or where
+    `tokens_ok` (exits.py) a pretraining run's `split` shards (shards.TokenShards). data_dir (default: the checkpoint's
+    own) must hold the kind of data and the tokens the model was trained on; its meta.json is read once, here."""
+    ckpt = load_checkpoint(ckpt_path)
+    made = ckpt.get("data_config", {})
+    tokens = trained_on_tokens(ckpt)
+    if tokens and not tokens_ok:
+        raise CheckpointError(f"'{ckpt_path}' was trained on token shards: probe.py probes question-answer checkpoints "
+                              "(symbolic, nl); evaluate it with eval_harness.py, its exits with exits.py")
+    data_dir = data_dir or ckpt["config"]["data_dir"]
+    meta = read_meta(data_dir)
+    if kind_of(meta) != ("tokens" if tokens else "qa"):  # the folder says what it is
+        raise DataError(f"data_dir='{data_dir}' is not a {'token shard' if tokens else 'question-answer'} dataset "
+                        f"({kind_of(meta)!r} data): the checkpoint was trained on one")
+    if tokens:  # the same token ids: encoding, tokenizer file, tokenizer hash
+        data = TokenShards(data_dir, split, meta)
+        why = config_mismatch(made, meta.get("config", {}), ["encoding", "tiktoken_file", "tokenizer_file",
+                                                             "tokenizer_sha256"])
+    else:
+        data = QAData(data_dir, meta=meta)
+        why = config_mismatch(made, meta["config"], list(meta["config"]))
+    if why or data.vocab_size > ckpt["model_args"]["vocab_size"]:
+        raise CheckpointError(f"checkpoint was trained on another dataset than '{data_dir}' "
+                              f"({why or 'vocabulary size differs'})")
+    if raw and "ema" not in ckpt:
+        print(f"note: '{ckpt_path}' has no weight average: --raw=True changes nothing", file=sys.stderr)
+    return model_from_checkpoint(ckpt, use_ema=not raw).eval(), data
+
+
+def lead_pads(data, X):
+    """The '_' tokens each question-answer row starts with (data/symbolic/prepare.py's pad_left, training splits;
+    else 0)."""
+    if not data.meta["config"].get("pad_left"):
+        return torch.zeros(len(X), dtype=torch.long)
+    return (X == data.stoi["_"]).long().cumprod(1).sum(1)
+
+
 def checkpoint_tokenizer(ckpt, where="the checkpoint"):
     """The tokenizer a checkpoint was trained with (tokenizer_for), refused in one line when it has ids
     the model has no embedding row for. A model larger than its tokenizer is fine (vocab_size pads the data's)."""
@@ -102,37 +149,27 @@ def beside_checkpoint(ckpt, name, key="json"):
     return path
 
 
-def check_own_result(path, keys, script):
-    """An existing --json file is replaced only when it is `script`'s result (a JSON object with these keys): a user's
-    file, a run's config.json or a dataset's meta.json never is (the hostile pass: each was overwritten)."""
-    if path and os.path.exists(path) and (not os.path.isfile(path) or os.path.getsize(path)):
-        try:
-            obj = read_json(path)
-        except DataError:
-            obj = None
-        if not (isinstance(obj, dict) and set(keys) <= set(obj)):
-            raise ConfigError(f"json={path!r} holds no result of {script} (only one of its results is replaced): "
-                              "choose another path")
-
-
-# the scripts' adaptive-depth keys (sample.py, eval_harness.py, probe.py, bench.py sample): model.Exit
+# the scripts' adaptive-depth keys (sample.py, eval_harness.py, exits.py, bench.py sample): model.Exit
 EXIT_KEYS = dict(
-    exit_rule="",          # adaptive depth: '' = off (every token runs every loop), 'prob' or 'kl' (model.Exit)
-    exit_threshold=0.9,    # 'prob': exit once the top probability >= this (0..1); 'kl': once KL(loop k-1 || k) <= this
+    exit_rule="",          # adaptive depth: '' = off (every token runs every loop), 'prob', 'kl' or 'gate' (model.Exit)
+    exit_threshold=-1.0,   # -1 = the rule's own (0.9; 'gate': the calibrated one in its file). 'prob': exit once the top
+                           # probability >= this (0..1); 'kl': once KL(loop k-1 || k) <= this; 'gate': once its score >= this
     exit_min_loops=1,      # no token exits before this many loops
 )
 # their checks, one each (the threshold's range depends on the rule: model.Exit checks it)
-EXIT_CHECKS = {"exit_rule": (lambda v: v in ("", "prob", "kl"), "'' (off), 'prob' or 'kl'"), "exit_min_loops": INT_GE1}
+EXIT_CHECKS = {"exit_rule": (lambda v: v in ("", "prob", "kl", "gate"), "'' (off), 'prob', 'kl' or 'gate'"),
+               "exit_min_loops": INT_GE1}
 
 
-def exit_option(rule, threshold, min_loops, model, n_loop=None):
+def exit_option(rule, threshold, min_loops, model, n_loop=None, ckpt=None):
     """model.Exit for the scripts' exit_* keys (None when exit_rule is ''); one ConfigError line for a bad value, exits
-    on recurrence='none', a threshold or minimum with exits off, or too few loops for any token to exit."""
+    on recurrence='none', a threshold or minimum with exits off, or too few loops for any token to exit. 'gate' reads
+    the gate trained beside checkpoint `ckpt` (a run folder or checkpoint file; exits.py gate) for this very model."""
     if not rule:
         given = {k: v for k, v in (("exit_threshold", threshold), ("exit_min_loops", min_loops)) if float(v) != EXIT_KEYS[k]}
         if given:
             raise ConfigError(f"{', '.join(f'{k}={v!r}' for k, v in given.items())} {'has' if len(given) == 1 else 'have'} "
-                              "no effect with exits off: exit_rule='prob' or 'kl' turns exits on")
+                              "no effect with exits off: exit_rule='prob', 'kl' or 'gate' turns exits on")
         return None
     if model.rec.copies:
         raise ConfigError(f"exit_rule={rule!r} is invalid for recurrence='none' (K untied copies, not loops): allowed ''")
@@ -142,7 +179,85 @@ def exit_option(rule, threshold, min_loops, model, n_loop=None):
     if K < 2 or int(min_loops) >= K:  # a token exits after a loop k < K
         raise ConfigError(f"exit_rule={rule!r} needs at least 2 loops (n_loop={K})" if K < 2 else
                           f"exit_min_loops={min_loops} leaves no loop to exit after with {K} loops: allowed 1..{K - 1}")
+    score = None
+    if rule == "gate":
+        gate, rec = load_gate(ckpt, model)
+        score = gate.score(model)
+        if float(threshold) == -1 and (rec["K"], rec["min_loops"]) != (K, int(min_loops)):
+            print(f"note: the gate's threshold {rec['threshold']:.4g} was calibrated with n_loop={rec['K']}, min_loops="
+                  f"{rec['min_loops']} (bound {rec['bound']:g}); with n_loop={K}, min_loops={min_loops} that bound is "
+                  "not measured", file=sys.stderr)
+        threshold = rec["threshold"] if float(threshold) == -1 else threshold
     try:
-        return Exit(rule, float(threshold), int(min_loops))
+        return Exit(rule, 0.9 if float(threshold) == -1 else float(threshold), int(min_loops), score=score)
     except ValueError as e:
         raise ConfigError(str(e)) from None
+
+
+GATE_FILE = "exit_gate.pt"  # beside the checkpoint it was trained for (exits.py gate)
+
+
+class ExitGate(nn.Module):
+    """The learned exit (issue 62): the chance that exiting after this loop keeps the output, sigmoid(w . h_normed +
+    v . [max p, entropy / log V, log(1 + KL(p of the loop before || p))] + b), from the loop state as the head reads it
+    and the p the loop decodes (model.decode). One gate for every loop: n_embd + 4 parameters, as the paper's alpha gate."""
+
+    def __init__(self, n_embd):
+        super().__init__()
+        self.state, self.dist = nn.Linear(n_embd, 1), nn.Linear(3, 1, bias=False)
+
+    @staticmethod
+    def summary(p, before):
+        """(..., 3) float32 scalar features of a decoded p (and of the p before it; None at loop 1: KL 0)."""
+        p = p.float()
+        logp = p.clamp_min(1e-30).log()
+        ent = -(p * logp).sum(-1) / math.log(p.size(-1))
+        kl = 0 * ent if before is None else (before * (before.float().clamp_min(1e-30).log() - logp)).sum(-1).clamp_min(0)
+        return torch.stack([p.amax(-1), ent, kl.log1p()], -1)
+
+    def forward(self, h_normed, summary):
+        """Logits (...,) of the chance, from the normed state and summary()."""
+        return (self.state(h_normed).float() + self.dist(summary)).squeeze(-1)
+
+    def score(self, model):
+        """model.Exit's score: (h, p, p of the loop before or None) -> (B, T) chance in 0..1."""
+        return lambda h, p, before: torch.sigmoid(self(model.normed(h), self.summary(p, before)))
+
+
+def weights_crc(model):
+    """The identity of the weights a model computes with (its weight average or raw weights, as built): content CRC-32."""
+    return content_crc(model.state_dict())
+
+
+def gate_path(ckpt):
+    """Where the exit gate of a checkpoint (a run folder or a checkpoint file in one) lives: beside it."""
+    return os.path.join(ckpt if os.path.isdir(ckpt) else os.path.dirname(ckpt) or ".", GATE_FILE)
+
+
+def load_gate(ckpt, model):
+    """(ExitGate, its record) trained beside checkpoint `ckpt` for this very model (the same weights and model_args): a
+    missing, foreign or other model's gate is one CheckpointError line."""
+    if not ckpt:
+        raise ConfigError("exit_rule='gate' reads the gate trained beside a checkpoint (python exits.py gate --ckpt=RUN): "
+                          "this model has no checkpoint: allowed 'prob' or 'kl'")
+    path = gate_path(ckpt)
+    if not os.path.isfile(path):
+        raise CheckpointError(f"exit_rule='gate' needs the exit gate beside the checkpoint: no '{path}' (train it: "
+                              f"python exits.py gate --ckpt={ckpt})")
+    try:
+        rec = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # a foreign or damaged file: one line, never a traceback
+        raise CheckpointError(f"'{path}' is not a readable exit gate ({type(e).__name__})") from None
+    if not isinstance(rec, dict) or rec.get(MARK) != "exit gate":
+        raise CheckpointError(f"'{path}' is not an exit gate ({MARK!r} 'exit gate' missing): train one with python "
+                              f"exits.py gate --ckpt={ckpt}")
+    crc, args = weights_crc(model), dataclasses.asdict(model.config)
+    why = next((f"{k}: the gate's model has {v!r}, this one {args[k]!r}" for k, v in rec["model_args"].items()
+                if k in args and args[k] != v), None)  # a key newer than the gate is not compared
+    why = why or (f"weights CRC-32 {rec['crc32']:#010x}, this model's {crc:#010x}" if rec["crc32"] != crc else None)
+    if why:
+        raise CheckpointError(f"'{path}' is the exit gate of another model ({rec['of']}; {why}): train one for this one "
+                              f"with python exits.py gate --ckpt={ckpt}")
+    gate = ExitGate(model.config.n_embd)
+    gate.load_state_dict(rec["gate"])
+    return gate.to(next(model.parameters()).device).eval(), rec

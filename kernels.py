@@ -21,22 +21,21 @@ def upcast(x):
 
 
 class TopkPhi(torch.autograd.Function):
-    """Phi_k(x) = sum_j p[n, j] W[idx[n, j]], p = softmax(top-k logits / tau) (Appendix B), with a
-    backward that never touches the V - k unselected logits. Forward decodes `chunk` positions at a
-    time without autograd (the (B, chunk, V) logits are transient) and keeps only idx and p, (B, T, k).
-    Backward, with g = dL/dPhi: dp = <g, W[idx]>, dlogit = p * (dp - <p, dp>) / tau on the k selected
-    logits (top-k passes no gradient to the rest), dx = sum_j dlogit W[idx], and the embedding gradient
-    dW[idx[n, j]] += dlogit[n, j] x[n] + p[n, j] g[n] -- all embedding_bag kernels, O(N k d) instead of the
-    dense O(N V d) logits backward. Both terms of dW go into ONE (V, d) buffer per call, however many
-    chunks: allocating and adding V x d gradients is what a small step pays most for (bench.py).
-    `select(logits, k)` (how the top-k is found) and `grads(x, W, idx, p, dlogit, g, chunk, mm_dtype, need)` (how dx
-    and dW are made) let lab/phi.py try candidates; None is the kernel above."""
+    """Phi_k(x) = sum_j p[n, j] W[idx[n, j]], p = softmax(top-k logits / tau) (Appendix B), with a backward that never
+    touches the V - k unselected logits. Forward decodes `chunk` positions at a time without autograd (the
+    (B, chunk, V) logits are transient) and keeps only idx and p, (B, T, k). Backward, with g = dL/dPhi:
+    dp = <g, W[idx]>, dlogit = p * (dp - <p, dp>) / tau on the k selected logits (top-k passes no gradient to the
+    rest), dx = sum_j dlogit W[idx], and the embedding gradient dW[idx[n, j]] += dlogit[n, j] x[n] + p[n, j] g[n] --
+    all embedding_bag kernels, O(N k d) instead of the dense O(N V d) logits backward. Both terms of dW go into ONE
+    (V, d) buffer per call, however many chunks: allocating and adding V x d gradients is what a small step pays most
+    for (bench.py). Hooks, None = the above: `select(logits, k)` (the top-k), `decode(xs, W, k)` (logits and top-k in
+    one: phi_triton.py), `grads(x, W, idx, p, dlogit, g, chunk, mm_dtype, need)` (dx, dW); lab/phi.py tries others."""
 
     @staticmethod
-    def forward(ctx, x, W, k, tau, chunk, select=None, grads=None):
+    def forward(ctx, x, W, k, tau, chunk, select=None, grads=None, decode=None):
         idx, p = [], []
-        for xs in x.split(chunk, dim=1):
-            vals, i = (select or sorted_topk)(F.linear(xs, W), k)  # top-k commutes with the positive 1/tau scale
+        for xs in x.split(chunk, dim=1):  # top-k commutes with the positive 1/tau scale
+            vals, i = decode(xs, W, k) if decode else (select or sorted_topk)(F.linear(xs, W), k)
             idx.append(i)
             p.append(F.softmax(upcast(vals) / tau, dim=-1))
         idx, p = torch.cat(idx, dim=1), torch.cat(p, dim=1)
@@ -61,7 +60,7 @@ class TopkPhi(torch.autograd.Function):
         else:
             gx = bag_dx(x, W, idx, dlogit) if need[0] else None
             gW = bag_dW(x, W, idx, p, dlogit, g) if need[1] else None
-        return gx, gW, None, None, None, None, None
+        return gx, gW, None, None, None, None, None, None
 
 
 def bag_dx(x, W, idx, dlogit):
@@ -119,13 +118,20 @@ def csr_grads(x, W, idx, p, dlogit, g, chunk, mm_dtype, need):
     return (bag_dx(x, W, idx, dlogit) if need[0] else None), gW
 
 
-# name -> kernel(x, W, k, tau, chunk), each equal to TopkPhi in float64 (tests/test_phi.py): the default and the
-# variants a measurement promoted. "csr": 0.78x bag's time and a quarter of its peak on an H200 at the 440M shape
-# (RESULTS.md), 1.06x on a CPU, so "auto" (the default) is csr on CUDA, bag elsewhere. Candidates: lab/phi.py.
+def fused_phi(x, W, k, tau, chunk):
+    """auto's Phi with phi_triton.py's decode (Triton, no (rows, V) logits); not measured yet: auto never picks it."""
+    import phi_triton  # here, not at the top: `import kernels` imports no Triton (only this kernel needs it)
+    return TopkPhi.apply(x, W, k, tau, chunk, None, csr_grads if x.is_cuda else None, phi_triton.decode_topk)
+
+
+# name -> kernel(x, W, k, tau, chunk), each equal to TopkPhi in float64 (tests/test_phi.py; test_phi_fused.py): the
+# default and the variants a measurement promoted (or, "fused", is to measure). "csr": 0.78x bag's time and a quarter
+# of its peak on an H200 at 440M (RESULTS.md), 1.06x on a CPU: "auto" is csr on CUDA, bag elsewhere. Lab: lab/phi.py.
 PHI_KERNELS = {
     "auto": lambda x, W, k, tau, chunk: TopkPhi.apply(x, W, k, tau, chunk, None, csr_grads if x.is_cuda else None),
     "bag": TopkPhi.apply,
     "csr": lambda x, W, k, tau, chunk: TopkPhi.apply(x, W, k, tau, chunk, None, csr_grads),
+    "fused": fused_phi,
     "compiled": compiled_phi,
 }
 
@@ -140,9 +146,7 @@ def topk_phi(x, W, k, tau, chunk, kernel="auto"):
 def bag_layout(idx):
     """(M, k) indices as embedding_bag's flat form: indices, bag offsets, bag of each index."""
     M, k = idx.shape
-    offsets = torch.arange(M, device=idx.device) * k
-    offset2bag = torch.arange(M * k, device=idx.device) // k
-    return idx.flatten(), offsets, offset2bag
+    return idx.flatten(), torch.arange(M, device=idx.device) * k, torch.arange(M * k, device=idx.device) // k
 
 
 class LinearCrossEntropy(torch.autograd.Function):
@@ -154,7 +158,6 @@ class LinearCrossEntropy(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, W, targets, chunk, smoothing, need_grad):
-        V = W.size(0)
         valid = targets != -1
         acc = upcast(x).dtype  # fp32, or fp64 for an fp64 model
         n = valid.sum().clamp(min=1).to(acc)  # a tensor: no host sync, compile-friendly
@@ -173,7 +176,7 @@ class LinearCrossEntropy(torch.autograd.Function):
                 g = logits.sub_(lse[:, None]).exp_()  # softmax, in place of the logits
                 g.scatter_add_(1, ts[:, None], torch.full_like(ts[:, None], smoothing - 1, dtype=g.dtype))
                 if smoothing:
-                    g.sub_(smoothing / V)
+                    g.sub_(smoothing / W.size(0))
                 g.mul_((vs / n)[:, None])  # (c, V): d mean-loss / d logits, 0 on rows without a target
                 if not torch.is_autocast_enabled(x.device.type):
                     g = g.to(W.dtype)  # under autocast the matmuls below cast (to bf16) themselves

@@ -6,24 +6,8 @@ and bench.py step's cache of memory plans (device-independent arithmetic, made o
 import json
 import os
 
-from common import ConfigError, DataError, atomic_write, die, read_json, table
+from common import atomic_write, marked, owned, read_json, table
 from memory import plan
-
-
-def check_row_log(path):
-    """A --json file is new, empty, a device (/dev/null) or JSON lines a RowLog wrote (its first line a {"run": ...}
-    object): rows are appended to nothing else (a user's file is never extended)."""
-    if not path or not os.path.isfile(path) or not os.path.getsize(path):
-        return
-    with open(path, "rb") as f:
-        first = f.readline()
-    try:
-        ok = "run" in json.loads(first)
-    except (ValueError, TypeError):
-        ok = False
-    if not ok:
-        raise ConfigError(f"json={path!r} holds something other than this script's JSON lines: rows are appended "
-                          "only to a new file or to one bench.py or lab/ wrote; choose another path")
 
 
 class RowLog:
@@ -31,13 +15,10 @@ class RowLog:
     line the run's description): a run killed by a time limit keeps every row it finished."""
 
     def __init__(self, header, path, meta):
-        try:
-            check_row_log(path)
-        except ConfigError as e:
-            die(e)
+        owned(path, "jsonl", "json", "extended")  # only to a new file or one a RowLog began (its first row's mark)
         self.header, self.path, self.records = header, path, {}
         print(table(header, []), flush=True)
-        self.write({"run": meta})
+        self.write(marked({"run": meta}, "rows"))
 
     def write(self, obj):
         obj = {k: (None if isinstance(v, float) and v != v else v) for k, v in obj.items()}  # NaN is not JSON: null
@@ -58,24 +39,12 @@ class RowLog:
         self.write({"row": name, "failed": why})
 
 
-PLAN_MARK = "discoloop_plan_cache"  # the key that makes a JSON file bench.py step's plan cache: no other file is rewritten
-
-
 def read_plan_cache(path):
-    """The plan cache at path ({} if absent): a regular file holding a JSON object with PLAN_MARK, else one line (a
-    user's file, a device, a pipe or a folder is never read as one nor overwritten)."""
-    if not path or not os.path.exists(path):  # new (a dangling link: its target is made)
-        return {PLAN_MARK: 1}
-    if not os.path.isfile(path):
-        raise ConfigError(f"plan_cache={path!r} is not a regular file: allowed a new path or a plan cache bench.py step wrote")
-    try:
-        cache = read_json(path)
-    except DataError as e:
-        raise ConfigError(f"plan_cache={path!r} is not a plan cache ({e}): choose a new path") from None
-    if cache.get(PLAN_MARK) != 1:
-        raise ConfigError(f"plan_cache={path!r} is not a plan cache (no {PLAN_MARK!r} key): a file of yours is not "
-                          "replaced; choose a new path")
-    return cache
+    """The plan cache at path ({} if absent): a JSON object bench.py step wrote (common.owned: its mark), else one line
+    (a user's file, a device, a pipe or a folder is never read as one nor overwritten)."""
+    if not path or not owned(path, "json", "plan_cache"):
+        return marked({}, "plan cache")
+    return read_json(path)
 
 
 def cached_plan(c, r, dtype):

@@ -10,6 +10,7 @@ matrix is kept). tests/test_memory.py holds the plan's figures to real tensors a
 independent count of what autograd saves.
 
     python bench.py plan config/pretrain.py           # the per-rank plan, against 80 and 141 GB
+    python bench.py plan config/pretrain.py --activation_checkpointing=auto   # every policy, and what 'auto' picks
 """
 import contextlib
 import weakref
@@ -26,6 +27,8 @@ from muon import takes_muon
 GB = 1e9
 GPUS = {"H100 80GB": 80e9, "H200 141GB": 141e9}
 HEADROOM = 0.9  # plan at most 90% of the device: CUDA context, NCCL buffers and allocator fragmentation
+AUTO_ORDER = ("none", "attn_mm", "attn", "block")  # activation_checkpointing by what it recomputes, least first
+AUTO_MARGIN = 0.85  # 'auto' keeps its plan within 85% of the device: HEADROOM less 5% for the plan's own error
 
 
 class LiveBytes(TorchDispatchMode):
@@ -144,17 +147,47 @@ def fits(p, device_bytes):
     return p.total <= HEADROOM * device_bytes
 
 
-def check_fits(c, world_size, dtype, capacity, show=True):
-    """None if config c's plan fits HEADROOM of a device of `capacity` bytes, else the one line that says why
-    and what to change (train.py stops with it before allocating). show: print the plan."""
-    p = plan(c, world_size, dtype)
+def device_bytes(device):
+    """A CUDA device's memory in bytes; 0 for any other device (nothing is planned against it)."""
+    return torch.cuda.get_device_properties(device).total_memory if str(device).startswith("cuda") else 0
+
+
+def pick_checkpointing(total_of, capacity):
+    """activation_checkpointing='auto' on a device of `capacity` bytes: the first policy of AUTO_ORDER whose plan,
+    total_of(policy) bytes, fits AUTO_MARGIN of it, planned in that order until one fits; "block" (the least memory)
+    where none does, and without a memory figure (capacity 0: a CPU plans nothing and picks alike on every machine)."""
+    return next((a for a in AUTO_ORDER if capacity and total_of(a) <= AUTO_MARGIN * capacity), "block")
+
+
+def auto_note(picked, planned, capacity, where="this GPU"):
+    """The line that says what 'auto' picked on a device of `capacity` bytes, from which plans ({policy: bytes})."""
+    return (f"activation_checkpointing='auto' -> {picked!r} on {where} ({capacity / GB:.0f} GB): the least recompute "
+            f"({' < '.join(AUTO_ORDER)}) whose plan fits {AUTO_MARGIN:.0%} of it, {AUTO_MARGIN * capacity / GB:.1f} GB; "
+            "planned: " + ", ".join(f"{a} {t / GB:.2f}" for a, t in planned.items()) + " GB")
+
+
+def check_fits(c, world_size, dtype, capacity, check=True, show=True):
+    """(policy, why): c's activation_checkpointing, 'auto' resolved for a device of `capacity` bytes (pick_checkpointing;
+    0: not CUDA, nothing planned), and None or the one line that says why its plan does not fit HEADROOM of the device
+    and what to change (train.py stops with it before allocating). check=False: no fit test. show: print the plan."""
+    plans, asked = {}, c["activation_checkpointing"]
+
+    def total_of(policy):
+        plans[policy] = plans.get(policy) or plan({**c, "activation_checkpointing": policy}, world_size, dtype)
+        return plans[policy].total
+    policy = pick_checkpointing(total_of, capacity) if asked == "auto" else asked
+    if not capacity or not (check or plans):  # a CPU, or a GPU told not to check a given policy
+        return policy, None
+    total = total_of(policy)
+    if show and asked == "auto":
+        print(auto_note(policy, {a: p.total for a, p in plans.items()}, capacity))
     if show:
-        print(format_plan(p, c, world_size))
-    if p.total <= HEADROOM * capacity:
-        return None
-    return (f"the memory plan needs {p.total / 1e9:.1f} GB per rank, more than 90% of this GPU's "
-            f"{capacity / 1e9:.0f} GB: lower batch_size (raise gradient_accumulation_steps), set "
-            f"activation_checkpointing='block', or pass --memory_check=False to try anyway")
+        print(format_plan(plans[policy], {**c, "activation_checkpointing": policy}, world_size))
+    if not check or total <= HEADROOM * capacity:
+        return policy, None
+    return policy, (f"the memory plan needs {total / 1e9:.1f} GB per rank, more than 90% of this GPU's "
+                    f"{capacity / 1e9:.0f} GB: lower batch_size (raise gradient_accumulation_steps), set "
+                    f"activation_checkpointing='block', or pass --memory_check=False to try anyway")
 
 
 def format_plan(p, c, world_size):

@@ -15,6 +15,7 @@ tie_embeddings=False, for pretrained checkpoints: Phi decodes with it and encode
 per_loop_norm (Ouro's modeling_ouro.py): ln_f is applied to every loop's output and the normed state feeds the next
 loop; the head and Phi read it as it is. DiscoLoop's order is then: h = ln_f(f(H~)), Phi(h), H~ = h + a RMSNorm(Phi(h)).
 """
+import functools
 import importlib
 import math
 from dataclasses import dataclass, fields
@@ -22,7 +23,7 @@ from dataclasses import dataclass, fields
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.utils.checkpoint import checkpoint
+from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
 
 from kernels import PHI_KERNELS, linear_cross_entropy, topk_phi, upcast
 from muon import SplitMuon, takes_muon
@@ -50,24 +51,33 @@ NORMS = ("rmsnorm", "layernorm")
 MLPS = ("swiglu", "gelu")
 POS_EMBS = ("rope", "learned", "none")
 GATES = ("fixed", "learned")
-CHECKPOINTING = ("none", "block")
+# activation_checkpointing, what a block keeps for backward: "none" all; "block" its input (all else reruns); "attn" also
+# the attention ops' outputs and log-sum-exp; "attn_mm" also every matmul's (torchtitan's list, less its every-other-mm)
+CHECKPOINTING = ("none", "block", "attn", "attn_mm", "auto")
+SDPA_OPS = [getattr(torch.ops.aten, "_scaled_dot_product_" + n).default for n in ("flash_attention", "efficient_attention",
+            "cudnn_attention", "flash_attention_for_cpu") if hasattr(torch.ops.aten, "_scaled_dot_product_" + n)]
+MATMUL_OPS = [torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default]
+CONTEXTS = {name: {"context_fn": functools.partial(create_selective_checkpoint_contexts, ops)}  # a list's policy_fn: MUST_SAVE
+            for name, ops in (("attn", SDPA_OPS), ("attn_mm", SDPA_OPS + MATMUL_OPS))}  # its ops, PREFER_RECOMPUTE the rest
 
 
 @dataclass
 class Exit:
     """Adaptive depth, at inference only: after loop k < n_loop a token stops once its decoded p (top-k Phi: its top k
-    renormalised) is settled: "prob": max p >= threshold; "kl": KL(p_k-1 || p_k) <= threshold (from loop 2 on). Its
-    state then stays what it would feed loop k+1; later tokens attend to keys and values made from it (f_theta)."""
+    renormalised) is settled: "prob": max p >= threshold; "kl": KL(p_k-1 || p_k) <= threshold (from loop 2 on); "gate":
+    score(h, p, p_k-1) >= threshold. Its state then stays what feeds loop k+1; later tokens attend to its keys, values."""
     rule: str = "prob"
     threshold: float = 0.9
     min_loops: int = 1  # no exit before this many loops
     loops: list = None  # each forward appends its (B, T) exit loops (blocks run: these x the looped layers)
+    score: object = None  # "gate": a learned exit's callable (h, p, p_k-1 or None) -> (B, T) in 0..1 (inference.py's)
 
     def __post_init__(self):
         hi, self.loops = math.inf if self.rule == "kl" else 1, []
-        if self.rule not in ("prob", "kl") or not 0 <= self.threshold <= hi or self.min_loops < 1:
+        rules = ("prob", "kl", "gate") if callable(self.score) else ("prob", "kl")  # 'gate' needs its score
+        if self.rule not in rules or not 0 <= self.threshold <= hi or self.min_loops < 1:
             raise ValueError(f"exit rule={self.rule!r}, threshold={self.threshold!r}, min_loops={self.min_loops!r} is "
-                             f"invalid: allowed rule 'prob' or 'kl', threshold 0..{hi} for it, min_loops >= 1")
+                             f"invalid: allowed rule 'prob', 'kl' or 'gate' (with a score), threshold 0..{hi}, min_loops >= 1")
 
 
 @dataclass
@@ -106,14 +116,14 @@ class GPTConfig:
     n_loop: int = 2            # K: applications of f_theta
     disco_gate: str = "fixed"  # "fixed": a = disco_alpha; "learned": a_t = sigmoid(<w, Phi(H_t)> + b)
     disco_alpha: float = 1.0   # the fixed gate alpha*
-    phi_tau: float = 1.0       # softmax temperature of Phi
+    phi_tau: float = 1.0       # softmax temperature of Phi, and of what an exit reads where Phi decodes (a loop's: 1)
     phi_topk: int = 0        # 0 = exact Phi over the vocabulary; k > 0 = Phi_k (Appendix B)
     phi_chunk: int = 0       # positions per chunk when decoding Phi (0 = all at once); bounds the B*chunk*V logits
     phi_kernel: str = "auto"  # the top-k Phi kernel (kernels.PHI_KERNELS, all equal in float64; lab/phi.py times them):
                              # "auto" = "csr" on CUDA (faster on an H200), "bag" elsewhere (faster on the CPU)
     label_smoothing: float = 0.0  # label smoothing of the training loss
     loss_chunk: int = 1024     # positions per chunk of the head + cross-entropy (0 = all): bounds the (chunk, V) logits
-    activation_checkpointing: str = "none"  # "block": keep only each block's input, recompute the block in backward
+    activation_checkpointing: str = "none"  # CHECKPOINTING; "auto": memory.py picks one by the plan (unresolved: "block")
     # when a key acts (configurator.inert: train.py and bench.py refuse a typed inert key, note a config file's): a
     # key or a family prefix ('phi_': every Phi key, later ones too) -> (predicate over the keys, what it needs)
     ACTIVE = {"phi_": (lambda c: RECURRENCES[c["recurrence"]].phi, "a recurrence that decodes Phi ('disco' or "
@@ -164,9 +174,10 @@ class GPTConfig:
         if RECURRENCES[self.recurrence].phi and self.n_loop < 2:
             bad("n_loop", f"an integer >= 2 for recurrence={self.recurrence!r} (one loop has no injection; "
                           "use recurrence='loop' for a single pass)")
-        for name in ("disco_alpha", "rope_theta"):
-            if not math.isfinite(getattr(self, name)):
-                bad(name, "a finite number")
+        if not math.isfinite(self.disco_alpha):
+            bad("disco_alpha", "a finite number")
+        if not (self.rope_theta > 0 and math.isfinite(self.rope_theta)):  # a negative base: NaN angles, no error
+            bad("rope_theta", "a finite number > 0")
         if not 0 <= self.phi_topk <= self.vocab_size:
             bad("phi_topk", f"0 (exact) or 1..vocab_size={self.vocab_size}")
         for name in ("dropout", "label_smoothing"):
@@ -186,6 +197,15 @@ class GPTConfig:
     def from_dict(cls, d):
         """Build from any dict (e.g. train.py's globals): unrelated keys are ignored."""
         return cls(**{k: d[k] for k in cls.defaults().keys() & d.keys()})
+
+
+# The keys a continuation of trained weights may set (how the stack is looped, its window, what only training reads);
+# every other key is the architecture, which the weights decide (a Hugging Face folder on a branch, a checkpoint on resume)
+CONTINUE_KEYS = ("block_size", "n_prelude", "n_coda", "recurrence", "n_loop", "disco_gate", "disco_alpha", "phi_tau",
+                 "phi_topk", "phi_chunk", "phi_kernel", "pos_every_loop", "per_loop_norm", "ponder_scale_embeds",
+                 "ponder_multiply_steps", "pos_shift", "dropout", "scaled_init", "label_smoothing", "loss_chunk",
+                 "activation_checkpointing")
+ARCH_KEYS = tuple(k for k in GPTConfig.defaults() if k not in CONTINUE_KEYS)
 
 
 class RMSNorm(nn.Module):
@@ -232,6 +252,9 @@ class KVCache:
         self.k = k if self.k is None else torch.cat([self.k, k], dim=2)
         self.v = v if self.v is None else torch.cat([self.v, v], dim=2)
         return self.k, self.v
+
+    def crop(self, n):  # keep the first n positions (speculative.py cuts back past a rejected draft)
+        self.k, self.v = (None, None) if self.k is None else (self.k[:, :, :n], self.v[:, :, :n])
 
 
 class CausalSelfAttention(nn.Module):
@@ -295,14 +318,16 @@ class Block(nn.Module):
         self.ln_2b = make_norm(config) if config.sandwich_norm else nn.Identity()
         self.drop = nn.Dropout(config.dropout)
 
-        # activation_checkpointing='block': keep only the block's input, recompute it in backward. Inside forward, so
-        # that a compiled block (GPT.compile_blocks) compiles checkpoint(block), the order that keeps its memory
-        self.recompute = config.activation_checkpointing == "block"
+        self.policy = config.activation_checkpointing  # CHECKPOINTING, applied in forward
 
     def forward(self, x, rope=None, cache=None):
-        if self.recompute and torch.is_grad_enabled():
-            # non-reentrant: composes with compile, hooks and autograd.graph hooks, and replays dropout's RNG
-            return checkpoint(self.layers, x, rope, cache, use_reentrant=False)
+        if self.policy != "none" and torch.is_grad_enabled():
+            # inside forward, so that compile_blocks compiles checkpoint(block), the order that keeps its memory and policy
+            # (pytorch#161889); non-reentrant: composes with compile and hooks, replays dropout's RNG. A selective policy
+            # pairs forward's ops with the rerun's one by one: no weight cast that autocast cached in an earlier loop
+            dev = x.device.type
+            with torch.autocast(dev, torch.get_autocast_dtype(dev), torch.is_autocast_enabled(dev), self.policy == "block"):
+                return checkpoint(self.layers, x, rope, cache, use_reentrant=False, **CONTEXTS.get(self.policy, {}))
         return self.layers(x, rope, cache)
 
     def layers(self, x, rope=None, cache=None):
@@ -316,7 +341,8 @@ class GPT(nn.Module):
     def from_pretrained(cls, folder, override_args=None, **overrides):
         """nanoGPT's entry point for a forker: a Hugging Face GPT-2/Llama/Qwen2 folder as a GPT through the project's
         pretrained.py, imported at call time, by name (model.py copied alone imports and runs without it)."""
-        return importlib.import_module("pretrained").from_pretrained(folder, **(override_args or {}), **overrides)
+        pretrained = importlib.import_module("pretrained")  # the house's one stated arrow up (tests/test_house.py)
+        return pretrained.from_pretrained(folder, **(override_args or {}), **overrides)
 
     def __init__(self, config):
         super().__init__()
@@ -437,8 +463,8 @@ class GPT(nn.Module):
     def phi(self, h, p=None):
         """Decode-then-encode Phi(h) = softmax(head(h)/tau) @ W, exact or top-k (Appendix B; TopkPhi).
         Exact Phi decodes `phi_chunk` positions at a time; its (B, chunk, V) probabilities are kept
-        for backward, which is what top-k avoids, unless activation_checkpointing='block', which then
-        recomputes each chunk in backward (PonderLM's exact Phi at the 440M shape needs it)."""
+        for backward, which is what top-k avoids, unless activation_checkpointing is not 'none': each chunk is then
+        recomputed whole in backward (PonderLM's exact Phi at the 440M shape needs it)."""
         cfg = self.config
         W, head = self.transformer.wte.weight, self.lm_head.weight  # one tensor unless tie_embeddings=False
         if p is not None:  # decoded already (decode, adaptive depth): encode it
@@ -447,7 +473,7 @@ class GPT(nn.Module):
         chunk = cfg.phi_chunk or x.size(1)
         if cfg.phi_topk:  # tied only (GPTConfig)
             return topk_phi(x, W, cfg.phi_topk, cfg.phi_tau, chunk, cfg.phi_kernel).to(h.dtype)
-        recompute = cfg.activation_checkpointing == "block" and torch.is_grad_enabled()
+        recompute = cfg.activation_checkpointing != "none" and torch.is_grad_enabled()
         out = [checkpoint(self.exact_phi, xs, W, head, use_reentrant=False) if recompute
                else self.exact_phi(xs, W, head) for xs in x.split(chunk, dim=1)]
         return torch.cat(out, dim=1).to(h.dtype)
@@ -565,8 +591,11 @@ class GPT(nn.Module):
 
     def decode(self, h, before, exits):
         """(p = softmax(head(h)/tau) as Phi encodes it, settled (B, T) by the exit rule): one head application."""
-        logits, k = upcast(self.head(h)) / self.config.phi_tau, self.config.phi_topk if self.rec.phi else 0
+        cfg = self.config  # a loop decodes no Phi: its exits read the plain head (phi_tau is inert there, as for training)
+        logits, k = upcast(self.head(h)) / (cfg.phi_tau if self.rec.phi else 1), cfg.phi_topk if self.rec.phi else 0
         p = (logits.masked_fill(logits < logits.topk(k, dim=-1).values[..., -1:], -math.inf) if k else logits).softmax(-1)
+        if exits.rule == "gate":  # a learned exit reads the state and what it decodes
+            return p, exits.score(h, p, before) >= exits.threshold
         if exits.rule == "prob" or before is None:  # "kl" compares with the loop before: none at loop 1
             return p, (p.amax(-1) >= exits.threshold) & (exits.rule == "prob")
         return p, (before * (before.clamp_min(1e-30).log() - p.clamp_min(1e-30).log())).sum(-1) <= exits.threshold
@@ -583,9 +612,9 @@ class GPT(nn.Module):
         """PonderLM's scale_embeds multiplies W by sqrt(d) in BOTH its uses: the input and the increment."""
         return math.sqrt(self.config.n_embd) if self.rec.embed and self.config.ponder_scale_embeds else 1.0
 
-    def flops_per_token(self, T, recompute=False):
-        """Forward+backward FLOPs per token (PaLM appendix B estimate), counting every loop.
-        recompute=True adds the second forward of every block that activation checkpointing runs."""
+    def flops_per_token(self, T, recompute="none"):
+        """Forward+backward FLOPs per token (PaLM appendix B estimate), counting every loop, plus what `recompute` (a policy)
+        reruns: "block"/"auto" matmuls and attention, "attn" matmuls, "attn_mm" none counted; exact Phi unless "none"."""
         cfg = self.config
         looped = range(cfg.n_prelude, cfg.n_layer - cfg.n_coda)  # a prelude and a coda run once
         block_runs = sum(p.numel() * (1 if self.rec.copies or i not in looped else cfg.n_loop)
@@ -597,10 +626,10 @@ class GPT(nn.Module):
             k = cfg.phi_topk
             extra = (cfg.n_loop - 1) * (2 * head + 12 * k * cfg.n_embd if k else 12 * head)
         total = 6 * (block_runs + head) + extra + 12 * L * cfg.n_embd * T
-        if recompute:
-            total += 2 * block_runs + 4 * L * cfg.n_embd * T
-            if self.rec.phi and not cfg.phi_topk:  # exact Phi chunks run again
-                total += (cfg.n_loop - 1) * 4 * head
+        if recompute in ("block", "auto", "attn"):
+            total += 2 * block_runs + (0 if recompute == "attn" else 4 * L * cfg.n_embd * T)
+        if recompute != "none" and self.rec.phi and not cfg.phi_topk:  # exact Phi chunks run again
+            total += (cfg.n_loop - 1) * 4 * head
         return total
 
     def new_cache(self, n_loop=None):

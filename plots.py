@@ -12,28 +12,17 @@ DataError naming it, raised before a figure is drawn.
 import json
 import os
 
-from common import ConfigError, DataError, table
+from common import FIGURE_METADATA, ConfigError, DataError, table
 from model import RECURRENCES
 from runlog import early_stop_row, read_metrics
 
 FIGURE_EXTENSIONS = (".png", ".pdf", ".svg")  # what --png may end with: formats matplotlib writes from the suffix
 
 
-FIGURE_STARTS = (b"\x89PNG", b"%PDF", b"<?xml", b"<svg")  # how a file matplotlib wrote in those formats begins
-
-
 def figure_path(path):
-    """A figure path matplotlib writes by its suffix (a .txt used to fail after the work, with a traceback); a file
-    already there is replaced only when it is a figure (a user's file named *.png never is)."""
-    if path == "" or not path.lower().endswith(FIGURE_EXTENSIONS):
-        return path == ""
-    if not os.path.exists(path):
-        return True
-    if not os.path.isfile(path):
-        return False
-    with open(path, "rb") as f:
-        head = f.read(8)
-    return not head or head.startswith(FIGURE_STARTS)
+    """A figure path matplotlib writes by its suffix (a .txt used to fail after the work, with a traceback); whether a
+    file already there may be replaced is common.owned's (only a figure this project drew: its metadata's mark)."""
+    return path == "" or path.lower().endswith(FIGURE_EXTENSIONS)
 
 
 def epoch_of(m):
@@ -114,7 +103,7 @@ def plot_qa(logs, png, plt, stop_metric, stop_patience, hops):
     ax1.legend(fontsize=7)
     ax2.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(png, dpi=110)
+    fig.savefig(png, dpi=110, metadata=FIGURE_METADATA)
     print_qa_tables(out, sfx, hops, stop_metric, stop_patience)
     print(f"wrote {png}")
     return out
@@ -187,7 +176,7 @@ def plot_pretraining(logs, png, plt):
     for ax in (ax1, ax2):
         ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(png, dpi=110)
+    fig.savefig(png, dpi=110, metadata=FIGURE_METADATA)
     print(table(["run", "iterations", "tokens", "minutes", "last val_loss", "best val_loss"],
                 [[k, v["iter"], f"{v['tokens']:,}", v["minutes"], v["val_loss"], v["best_val_loss"]]
                  for k, v in out.items()]))

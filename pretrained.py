@@ -26,23 +26,9 @@ import numpy as np
 import torch
 
 from common import ConfigError, DataError, read_json
-from model import GPT, GPTConfig
+from datafolder import hf_folder  # noqa: F401 (its readers import it from here too)
+from model import ARCH_KEYS, CONTINUE_KEYS, GPT, GPTConfig
 
-# The GPTConfig keys a continuation of pretrained weights may set: how the pretrained stack is looped (DiscoLoop's
-# gate and injection norm start fresh; with one loop each leaves the pretrained model as it was), its window, and
-# what only training or the initialization of fresh weights reads. Every other key is the architecture (ARCH_KEYS:
-# shapes, norms, positions, sandwich norms), which the folder decides: each converter returns exactly those.
-CONTINUE_KEYS = ("block_size", "n_prelude", "n_coda", "recurrence", "n_loop", "disco_gate", "disco_alpha", "phi_tau",
-                 "phi_topk", "phi_chunk", "phi_kernel", "pos_every_loop", "per_loop_norm", "ponder_scale_embeds",
-                 "ponder_multiply_steps", "pos_shift", "dropout", "scaled_init", "label_smoothing", "loss_chunk",
-                 "activation_checkpointing")
-ARCH_KEYS = tuple(k for k in GPTConfig.defaults() if k not in CONTINUE_KEYS)
-
-
-def hf_folder(path):
-    """Whether path is a Hugging Face model folder (config.json, no ckpt.pt), not a run folder or a checkpoint."""
-    return (isinstance(path, str) and os.path.isdir(path) and os.path.isfile(os.path.join(path, "config.json"))
-            and not os.path.exists(os.path.join(path, "ckpt.pt")))
 
 
 def pretrained_architecture(folder):
@@ -66,7 +52,30 @@ def pretrained_architecture(folder):
         GPTConfig(**arch, block_size=n_pos, recurrence="loop", n_loop=1)
     except ValueError as e:
         raise DataError(f"{path}: {e}") from None
+    check_fits(arch, path)
     return kind, arch, n_pos, path
+
+
+def machine_bytes():
+    """This machine's physical memory (the bound on a float32 model built on the CPU before it moves anywhere)."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def check_fits(arch, path, limit=None):
+    """The folder's sizes, by arithmetic, against what this machine can hold, before anything is built: a config.json
+    saying 100,000 layers or a vocabulary of 10^12 is one line naming the file and its fields, not an allocation that
+    runs for minutes or ends as 'out of memory'. The count is the stack's weights (attention, MLP, embedding and
+    head); from_pretrained builds them in float32 and reads the folder's weights beside them."""
+    d, L, V = arch["n_embd"], arch["n_layer"], arch["vocab_size"]
+    kv = d // arch["n_head"] * (arch["n_kv_head"] or arch["n_head"])
+    hidden = arch["n_hidden"] or 4 * d
+    per_block = d * (d + 2 * kv) + d * d + (3 if arch["mlp"] == "swiglu" else 2) * d * hidden
+    params = L * per_block + V * d * (1 if arch["tie_embeddings"] else 2)
+    need, have = 2 * 4 * params, limit or machine_bytes()  # the model in float32 and the weights it is loaded from
+    if need > have:
+        raise DataError(f"{path}: n_layer={L}, n_embd={d}, n_hidden={hidden}, vocab_size={V} make {params / 1e9:.3g}B "
+                        f"parameters, {need / 1e9:.3g} GB to load in float32, more than this machine's "
+                        f"{have / 1e9:.3g} GB: not a model this machine can build (a damaged config.json?)")
 
 
 def from_pretrained(folder, **overrides):

@@ -23,9 +23,10 @@ import torch
 import torch.nn.functional as F
 
 from checkpoint import config_mismatch, load_checkpoint
-from inference import beside_checkpoint, check_own_result, exit_option, model_from_checkpoint, trained_on_tokens
+from inference import beside_checkpoint, exit_option, model_from_checkpoint, trained_on_tokens
 import plots
-from common import ERRORS, SYSTEM_CHECKS, CheckpointError, ConfigError, DataError, autocast, die, setup, table
+from common import (ERRORS, FIGURE_METADATA, SYSTEM_CHECKS, CheckpointError, ConfigError, DataError, atomic_write, autocast,
+                    die, marked, owned, setup, table)
 from configurator import INT_GE0, INT_GE1, OUTPUT, configure, num, one_of
 from precision import resolve_dtype
 from runlog import STOP_METRIC_CHECK
@@ -231,7 +232,7 @@ def cmd_sweep(model, data, norm, alphas, png=None):
                title=f"Eq. (2) at position 1, Norm={norm}")
         ax.legend()
         fig.tight_layout()
-        fig.savefig(png, dpi=120)
+        fig.savefig(png, dpi=120, metadata=FIGURE_METADATA)
         print(f"wrote {png}")
     return {"norm": norm, "results": {f"{a:.2f}": r for a, r in res.items()}}
 
@@ -382,7 +383,7 @@ def plot_exit(out, hops, png, what, metric="acc"):
         ax.legend(fontsize=6)
     fig.suptitle(f"adaptive depth ({what}) vs fixed loop counts", fontsize=9)
     fig.tight_layout()
-    fig.savefig(png, dpi=120)
+    fig.savefig(png, dpi=120, metadata=FIGURE_METADATA)
     print(f"wrote {png}")
 
 
@@ -438,8 +439,7 @@ def finite_numbers(text):
 
 CHECKS = {**SYSTEM_CHECKS, "stop_metric": STOP_METRIC_CHECK, "stop_patience": INT_GE1, "json": OUTPUT,
           "png": (lambda v: plots.figure_path(v) and OUTPUT[0](v),
-                  f"a writable figure path ending in {', '.join(plots.FIGURE_EXTENSIONS)} (a file there is "
-                  "replaced only if it is a figure)"),
+                  f"a writable figure path ending in {', '.join(plots.FIGURE_EXTENSIONS)}"),
           "norm": one_of(*NORMS), "n_loop": (loop_counts, "loop counts >= 1, comma-separated (e.g. '1,2,3')"),
           "alphas": (finite_numbers, "comma-separated finite numbers (e.g. '0,0.5,1')"),
           "exit_thresholds": (finite_numbers, "comma-separated finite numbers (e.g. '0.5,0.9')"),
@@ -470,6 +470,12 @@ def parse_args(argv):
         die(e)
     if cmd == "plot" and not dirs:
         die("plot needs one or more run folders")
+    if cmd == "plot":
+        a["png"] = a["png"] or "curves.png"  # plot always draws: its default figure is checked like a given one
+    try:
+        owned(a["png"], "figure", "png")  # a figure there is replaced only if this project drew it
+    except ConfigError as e:
+        die(e)
     if cmd != "plot" and not a["ckpt"]:
         die(f"{cmd} needs --ckpt=PATH")
     return cmd, dirs, a
@@ -491,7 +497,7 @@ def acc_loops(text, model):
 def run_probe(cmd, a, device):
     """A checkpoint command: (results, JSON path)."""
     out = a["json"] or beside_checkpoint(a["ckpt"], f"probe_{cmd}.json")  # before the work, not after it
-    check_own_result(out, ("probe",), "probe.py")
+    owned(out, "json")
     model, data = load(a["ckpt"], a["data_dir"], a["raw"], tokens_ok=cmd == "exit")
     if a["windows"] and not isinstance(data, TokenShards):
         raise ConfigError(f"windows={a['windows']} applies to a pretraining run's validation shards; this checkpoint "
@@ -532,8 +538,8 @@ def main(argv):
         torch.set_default_device(device)  # data, model and every probe tensor are made there
     try:
         if cmd == "plot":
-            check_own_result(a["json"], ("probe",), "probe.py")
-            res = plots.plot(dirs, a["png"] or "curves.png", a["stop_metric"], a["stop_patience"], a["at_epoch"],
+            owned(a["json"], "json")
+            res = plots.plot(dirs, a["png"], a["stop_metric"], a["stop_patience"], a["at_epoch"],
                              a["hops"])
             json_path = a["json"] or None
         else:
@@ -542,8 +548,7 @@ def main(argv):
         die(e)
     if json_path:
         try:
-            with open(json_path, "w") as f:
-                json.dump({"probe": cmd, **res}, f, indent=1)  # "probe": what check_own_result recognises
+            atomic_write(json_path, json.dumps(marked({"probe": cmd, **res}, f"probe.py {cmd}"), indent=1))
         except OSError as e:  # e.g. the default path, in a read-only run folder
             die(f"could not write '{json_path}' ({e.strerror}): pass --json=PATH somewhere writable")
         print(f"wrote {json_path}")

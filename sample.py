@@ -4,20 +4,24 @@ Sample from a trained model (nanoGPT's sample.py), with a key/value cache per (l
     python sample.py --ckpt=out/small_disco --start="ROMEO:" --num_samples=3 --max_new_tokens=200
     python sample.py --ckpt=out/small_disco --start=FILE:prompt.txt --temperature=0.6 --top_k=40 --n_loop=6
     python sample.py --ckpt=out/small_disco --exit_rule=prob --exit_threshold=0.5     # adaptive depth (model.Exit)
+    python sample.py --ckpt=out/small_disco --speculative_draft_loops=1   # exact self-speculative (speculative.py)
 
 The tokenizer is the checkpoint's (tiktoken, bytes or tokenizer.json for token shards; the vocabulary's
-words for a question-answer folder). The same --seed gives the same samples, with or without the cache.
+words for a question-answer folder). The same --seed gives the same samples, with or without the cache; speculative
+decoding gives greedy's very tokens, and samples from the same distribution (not the same samples for a seed).
 """
 import sys
 
 import torch
 
 import inference
+import speculative
 from checkpoint import load_checkpoint
 from inference import EXIT_CHECKS, EXIT_KEYS, checkpoint_tokenizer, exit_option, model_from_checkpoint
 from common import ERRORS, SYSTEM_CHECKS, ConfigError, autocast, die, setup
-from configurator import INT_GE0, INT_GE1, configure, num
+from configurator import INT_GE0, INT_GE1, check_inert, configure, num
 from precision import resolve_dtype
+from speculative import SPEC_CHECKS, SPEC_KEYS, spec_option
 
 DEFAULTS = dict(
     ckpt="",             # checkpoint file or run folder
@@ -34,9 +38,12 @@ DEFAULTS = dict(
     device="auto",       # 'auto' | 'cpu' | 'cuda' (common.py's rule)
     dtype="float32",     # 'float32' | 'bfloat16' | 'auto'
     **EXIT_KEYS,
+    **SPEC_KEYS,
 )
+# when a key acts (configurator.check_inert, train.py's rule: a typed key that would do nothing is refused)
+ACTIVE = {"top_k": (lambda c: c["temperature"] > 0, "temperature > 0 (temperature 0 takes the top token)")}
 CHECKS = {**SYSTEM_CHECKS, "num_samples": INT_GE1, "max_new_tokens": INT_GE1, "top_k": INT_GE0, "n_loop": INT_GE0,
-          "temperature": num(0), **EXIT_CHECKS}
+          "temperature": num(0), **EXIT_CHECKS, **SPEC_CHECKS}
 
 
 def read_prompt(start):
@@ -57,7 +64,9 @@ def read_prompt(start):
 
 def main(argv):
     try:
-        c = configure(DEFAULTS, argv, __doc__, [__file__, inference.__file__], CHECKS)  # EXIT_KEYS' comments: inference.py
+        stated = {}
+        c = configure(DEFAULTS, argv, __doc__, [__file__, inference.__file__, speculative.__file__], CHECKS, stated)
+        check_inert(c, DEFAULTS, ACTIVE, stated)
         if not c["ckpt"]:
             raise ConfigError("--ckpt=PATH is required (a checkpoint file or run folder)")
         start = read_prompt(c["start"])  # before any work: a bad prompt file is one line
@@ -66,6 +75,8 @@ def main(argv):
         enc = checkpoint_tokenizer(ckpt, c["ckpt"])  # a tokenizer with ids the model has no row for: one line
         model = model_from_checkpoint(ckpt, use_ema=not c["raw"]).to(device).eval()
         exits = exit_option(c["exit_rule"], c["exit_threshold"], c["exit_min_loops"], model, c["n_loop"] or None)
+        spec = spec_option(c["speculative_draft_loops"], c["speculative_len"], model, c["n_loop"] or None, exits,
+                           c["use_cache"])
         ids = enc.encode_ordinary(start) or ([enc.eot_token] if enc.eot_token is not None else [])
         if not ids:
             raise ConfigError(f"start={c['start']!r} gives no token and the tokenizer has no end-of-text token: "
@@ -75,15 +86,18 @@ def main(argv):
         gen = torch.Generator(device=device).manual_seed(c["seed"])
         with autocast(device, resolve_dtype(c["dtype"], device)):
             for _ in range(c["num_samples"]):
-                y = model.generate(x, c["max_new_tokens"], temperature=c["temperature"], top_k=c["top_k"] or None,
-                                   n_loop=c["n_loop"] or None, use_cache=c["use_cache"], generator=gen,
-                                   n_vocab=enc.n_vocab, exits=exits)  # rows past the tokenizer's ids pad the vocabulary
+                kw = dict(temperature=c["temperature"], top_k=c["top_k"] or None, n_loop=c["n_loop"] or None,
+                          generator=gen, n_vocab=enc.n_vocab)  # rows past the tokenizer's ids pad the vocabulary
+                y = (speculative.generate(model, x, c["max_new_tokens"], spec, **kw) if spec else
+                     model.generate(x, c["max_new_tokens"], use_cache=c["use_cache"], exits=exits, **kw))
                 print(enc.decode(y[0].tolist()))
                 print("---------------")
         if exits is not None:  # on stderr: stdout stays the samples
             loops, K = torch.cat([t.flatten() for t in exits.loops]).float(), c["n_loop"] or model.config.n_loop
             print(f"adaptive depth ({c['exit_rule']} {c['exit_threshold']}): {loops.mean():.3f} loops per token of {K} "
                   f"over {loops.numel()} token passes, {1 - loops.mean() / K:.1%} of the looped blocks saved", file=sys.stderr)
+        if spec is not None:
+            print(spec.summary(), file=sys.stderr)
     except (*ERRORS, ValueError, OSError) as e:
         die(e if not isinstance(e, OSError) else f"{getattr(e, 'filename', '')}: {e.strerror}")
 

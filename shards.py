@@ -28,9 +28,9 @@ def check_whole(path, n_tokens, dtype):
 
 
 class TokenShards:
-    def __init__(self, data_dir, split):
+    def __init__(self, data_dir, split, meta=None):  # meta: meta.json as read already (once per dataset open)
         self.data_dir = data_dir
-        self.meta = read_meta(data_dir)  # the one checked reader: shards, dtype, vocab_size of a tokens folder
+        self.meta = read_meta(data_dir) if meta is None else meta  # the one checked reader: shards, dtype, vocab_size
         if self.meta.get("kind") != "tokens":
             raise DataError(f"'{data_dir}' holds {self.meta.get('kind')!r} data, not token shards")
         files, dtype = self.meta["shards"].get(split, []), np.dtype(self.meta["dtype"])
@@ -133,8 +133,9 @@ class TokenData:
     kind = "tokens"  # as meta.json names it (datafolder.KINDS)
     sparse_targets = False  # a target at every position
 
-    def __init__(self, data_dir, block_size, eval_batches, seed=0):
-        self.train, self.val = TokenShards(data_dir, "train"), TokenShards(data_dir, "val")
+    def __init__(self, data_dir, block_size, eval_batches, seed=0, meta=None):
+        self.train = TokenShards(data_dir, "train", meta)
+        self.val = TokenShards(data_dir, "val", self.train.meta)  # meta.json read once per dataset open
         self.train.check_window(block_size)
         self.val.check_window(block_size)
         self.seq_len, self.eval_batches, self.seed = block_size, eval_batches, seed

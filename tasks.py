@@ -20,9 +20,9 @@ from common import DataError
 from datafolder import kind_of, read_meta
 
 
-def load_meta(data_dir):
-    """meta.json of a question-answer folder, checked to be one (its fields: datafolder.read_meta)."""
-    meta = read_meta(data_dir)
+def load_meta(data_dir, meta=None):
+    """meta.json of a question-answer folder (or `meta`, read already), checked to be one (fields: datafolder.read_meta)."""
+    meta = read_meta(data_dir) if meta is None else meta
     if kind_of(meta) != "qa":
         raise DataError(f"'{data_dir}' holds {kind_of(meta)!r} data, not question-answer splits")
     return meta
@@ -84,12 +84,12 @@ class QAData:
     sparse_targets = True  # one answer token per question: the head runs on the answer rows alone (model.forward)
 
     def __init__(self, data_dir, block_size=None, split_join=None, stage1_splits="all", stage1_metrics=(),
-                 loops_by_hops=False, extra_loops=0):
+                 loops_by_hops=False, extra_loops=0, meta=None):
         """stage1_splits, stage1_metrics: keep_stage1's; loops_by_hops: a k-hop question is trained and evaluated
         after k loops (atomic facts: 1); extra_loops: in training, each row gets 0..extra_loops loops more (its
-        answer must survive them)."""
+        answer must survive them); meta: the folder's meta.json as read already (read once per dataset open)."""
         self.data_dir = data_dir
-        self.meta = load_meta(data_dir)
+        self.meta = load_meta(data_dir, meta)
         self.stoi = {t: i for i, t in enumerate(self.meta["vocab"])}
         sums = self.meta.get("checksums", {})
         self.splits = {s: encode_split(os.path.join(data_dir, info["file"]), self.stoi, sums.get(info["file"]))

@@ -24,14 +24,14 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
 import train_config
-from checkpoint import (keep_copy, load_branch, load_branch_weights, load_for_resume, restore_training,
+from checkpoint import (earlier_work, keep_copy, load_branch, load_branch_weights, load_for_resume, restore_training,
                         resume_architecture, save_checkpoint)
 from common import (DTYPES, ERRORS, any_rank, autocast, die, out_of_memory, rank0_decides, resolve_device,
                     stop_on_signals)
 from configurator import configure
 from curriculum import rule_metrics
 from dataloader import check_with_data, open_data, prepare_weights
-from memory import check_fits
+from memory import check_fits, device_bytes
 from model import GPT, GPTConfig
 from precision import decide_dtype
 from runlog import RunLog, open_run_folder
@@ -46,7 +46,7 @@ try:  # every key's one check: train_config.CHECKS here, GPTConfig's for the mod
     if not config["vocab_size"]:  # 0 = the data's: it states no size
         stated.pop("vocab_size", None)
     if config["init_from"] == "resume" or config["eval_only"]:  # the weights' architecture where the command is silent
-        config.update(resume_architecture(os.path.join(config["out_dir"], "ckpt.pt"), stated))
+        config.update(resume_architecture(os.path.join(config["out_dir"], "ckpt.pt"), config, stated))
     elif config["init_from"] != "scratch":  # a new run from another run's (or a Hugging Face model's) weights
         if int(os.environ.get("RANK", 0)) == 0:  # e.g. data/smollm2/out, made on first use (under DDP: prepare it first)
             prepare_weights(config["init_from"])
@@ -110,11 +110,10 @@ vocab_size = config["vocab_size"] = vocab_size or data.vocab_size
 # was trained with
 try:  # fail now, not at the first checkpoint; a second run on out_dir stops here, naming the holder
     run_lock = open_run_folder(out_dir, lock=master)
+    earlier = earlier_work(out_dir)  # an earlier run's checkpoints (each with the project's mark) and metrics
 except ERRORS as e:
     die(e)
 ckpt_path, log = os.path.join(out_dir, "ckpt.pt"), RunLog(out_dir)
-earlier = [n for n in os.listdir(out_dir) if n == "ckpt.pt" or n[:5] + n[-3:] == "ckpt_.pt" and n[5:-3].isdigit()
-           or (n == "metrics.jsonl" and os.path.getsize(os.path.join(out_dir, n)))]  # an earlier run's work
 if init_from != "resume" and not eval_only and earlier:
     if not overwrite:
         die(f"out_dir '{out_dir}' already holds an earlier run's {sorted(earlier)[0]}: continue it with "
@@ -154,10 +153,10 @@ dtype, dtype_source, dtype_seconds = decide_dtype(  # a CPU: rank 0 times the fi
     dtype, device, ckpt and ckpt.get("dtype_resolved"), new_model if master else None,  # would share the cores)
     lambda: data.get_batch(0, global_batch, 0, gradient_accumulation_steps, seed)[:2], model_args)
 dtype = list(DTYPES)[rank0_decides(list(DTYPES).index(dtype), ctrl_group)]
-if device_type == "cuda" and memory_check:  # measured with fake tensors: an OOM-bound config stops here, not at step 1
-    why = check_fits(config, world_size, DTYPES[dtype], torch.cuda.get_device_properties(device).total_memory, master)
-    if why:
-        die(why)
+config["activation_checkpointing"], why = check_fits(config, world_size, DTYPES[dtype], device_bytes(device), memory_check, master)
+model_args["activation_checkpointing"] = config["activation_checkpointing"]  # 'auto' resolved: config.json, checkpoints
+if why:  # the memory plan (fake tensors, on CUDA) does not fit: an OOM-bound config stops here, not at step 1
+    die(why)
 model = new_model().to(device)
 ctx = autocast(device, dtype)
 optimizers = model.configure_optimizers(optimizer, learning_rate, weight_decay, (beta1, beta2), adam_eps,

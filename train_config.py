@@ -3,6 +3,8 @@ train.py's keys: each key's default and meaning (--help prints the comment on it
 and when it acts (ACTIVE). The checks that need the opened dataset live beside it (dataloader.check_with_data). Model keys are GPTConfig's (model.py), checked there.
 Importable without running training, so bench.py plans and times a training config with the same keys.
 """
+import torch
+
 from common import SYSTEM_CHECKS, ConfigError
 from configurator import FOLDER, INT_GE0, INT_GE1, OUTPUT, check_inert, num, one_of
 import curriculum
@@ -78,6 +80,10 @@ ACTIVE = {"compile_": (lambda c: c["compile"], "compile=True"),
           "warmup_iters": (lambda c: c["decay_lr"], "decay_lr=True (decay_lr=False is a constant learning_rate)"),
           "min_lr": (lambda c: c["decay_lr"], "decay_lr=True (decay_lr=False is a constant learning_rate)"),
           "stop_patience": (lambda c: c["stop_metric"], "a stop_metric"),
+          "eval_iters": (lambda c: c["dataset"] == "pretrain", "token shards (dataset='pretrain', not {dataset!r}: "
+                         "a question-answer split is evaluated whole)"),
+          "memory_check": (lambda c: c["device"].startswith("cuda") or c["device"] == "auto" and torch.cuda.is_available(),
+                           "a CUDA device (the plan is checked against GPU memory), not device={device!r} here"),
           "overwrite": (lambda c: c["init_from"] != "resume" and not c["eval_only"],
                         "a new run (not init_from='resume' or eval_only=True)")}
 

@@ -44,32 +44,65 @@ if os.path.isdir(path):
     bad(f"{path!r} is a folder: give a metrics.jsonl file")
 if cmd is None and not os.path.exists(path):
     bad(f"{path!r} does not exist: give a run's metrics.jsonl")
-start = os.path.getsize(path) if cmd is not None and os.path.isfile(path) else 0  # with CMD: only new rows count
+def ident(st):
+    return st.st_dev, st.st_ino
+
+
+before = os.stat(path) if cmd is not None and os.path.isfile(path) else None
+start = before.st_size if before else 0  # with CMD: only new rows count
+child = None
+
+
+def fail(msg, code=2):
+    """One line and a non-zero exit; a watched command is stopped first (it saves and exits)."""
+    if child is not None and child.poll() is None:
+        end(child)
+    bad(msg, code)
 
 
 def rows():
-    out = []
+    """The rows to judge; a line that is not JSON is one line and exit 2 (not a JSON-lines file), except a torn last
+    line (a run stopped by a time limit); a file truncated or replaced under the watcher is one line and exit 3 (its
+    rows could no longer be told from earlier ones)."""
     try:
         with open(path, "rb") as f:
+            st = os.fstat(f.fileno())
+            if before and (ident(st) != ident(before) or st.st_size < start):
+                fail(f"{path} was truncated or replaced while watched (it held {start} bytes at the start): its rows "
+                     "cannot be told from earlier ones; watch a file no other run writes", 3)
             f.seek(start)
-            for line in f:
-                try:  # a run stopped by a time limit may leave a torn last line
-                    out.append(json.loads(line))
-                except ValueError:
-                    pass
+            lines = f.read().split(b"\n")
     except FileNotFoundError:
-        pass
+        return []
     except OSError as e:
-        bad(f"{path}: {e.strerror}")
-    return [r for r in out if isinstance(r, dict)]
+        fail(f"{path}: {e.strerror}")
+    out = []
+    for i, line in enumerate(lines):
+        try:
+            row = json.loads(line) if line.strip() else None
+        except ValueError:
+            if i == len(lines) - 1:  # torn: no newline after it yet
+                continue
+            fail(f"{path}: line {i + 1} is not JSON ({line[:40]!r}): not a JSON-lines metrics file")
+        if row is not None and not isinstance(row, dict):
+            fail(f"{path}: line {i + 1} is a JSON {type(row).__name__}, not an object: not a metrics file")
+        out += [row] if row is not None else []
+    return out
 
 
 def hit_row():
     return next((r for r in rows() if all(type(r.get(k)) in (int, float) and r[k] >= v for k, v in conds)), None)
 
 
-def report(extra=""):
-    hit, last = hit_row(), (rows() or [{}])[-1]
+def report(extra="", final=True):
+    rs = rows()
+    if final and cmd is not None and not os.path.exists(path):  # out of time (final=False): "not reached" is the figure
+        fail(f"{path} never appeared: the command wrote no metrics{extra}")
+    unknown = [k for k, _ in conds if rs and not any(k in r for r in rs)]
+    if unknown:
+        keys = sorted({k for r in rs for k in r})
+        fail(f"metric {unknown[0]!r} is in none of the {len(rs)} rows of {path}: allowed one of {keys[:12]}")
+    hit, last = hit_row(), (rs or [{}])[-1]
     what = " and ".join(f"{k}>={v:g}" for k, v in conds)
     if hit:
         print(f"{path}: {what} first at {hit.get('time')} s (epoch {hit.get('epoch')}, iter {hit.get('iter')}){extra}",
@@ -98,7 +131,7 @@ if cmd is not None:
 
     def stop(signum, frame):  # our own time limit or Ctrl-C: stop the run, keep what was measured
         end(child)
-        report(f"; out of time after {time.time() - t0:.0f} s of the command")
+        report(f"; out of time after {time.time() - t0:.0f} s of the command", final=False)
         sys.exit(124 if signum == signal.SIGTERM else 130)
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)

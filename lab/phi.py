@@ -8,7 +8,8 @@ answer, so this script times them all at a training config's shape:
 
 Candidates: unsorted or two-stage top-k (no sort of the winners; many short selections instead of one over V), a
 dense-matmul (tensor cores) gradient, and their combinations with the core's CSR gradient (promoted: RESULTS.md). Promote one
-by moving it into kernels.py and its name into PHI_KERNELS, in one change.
+by moving it into kernels.py and its name into PHI_KERNELS, in one change. The core's "fused" (phi_triton.py: a Triton
+decode that never writes the logits) is timed where it runs: on CUDA, or on the CPU under TRITON_INTERPRET=1 (slow).
 """
 import os
 import sys
@@ -99,8 +100,9 @@ def main(argv):
     (batch_size x block_size rows, n_embd, vocab_size, phi_topk, phi_tau, phi_chunk positions of every sequence at a
     time, dtype), against the decode matmul alone (the floor: F.linear(x, W) chunk by chunk, forward only), with each
     kernel's largest difference from "bag" (the default) in the run's dtype: rounding, and ties at the k-th logit
-    broken differently (bf16 logits tie often). "compiled" is timed where compile=True or kernels names it. Each row
-    is printed and written to the JSON as soon as it is measured."""
+    broken differently (bf16 logits tie often; "fused" selects on the fp32 sums, before their rounding to bf16).
+    "compiled" is timed where compile=True or kernels names it, "fused" on CUDA or under TRITON_INTERPRET=1 (Triton's
+    interpreter) or where kernels names it. Each row is printed and written to the JSON as soon as it is measured."""
     c, names, device = phi_config(argv)
     stop_on_signals()
     dtype = resolve_dtype(c["dtype"], device)
@@ -151,11 +153,14 @@ def phi_config(argv):
     try:
         if not c["phi_topk"]:
             raise ConfigError(f"phi_topk=0 is invalid: lab/phi.py times top-k Phi, allowed 1..vocab_size={c['vocab_size']}")
-        names = c["kernels"].split(",") if c["kernels"] else [n for n in CANDIDATES if c["compile"] or n != "compiled"]
+        device = setup(c["device"], c["threads"])
+        fused = device.startswith("cuda") or os.environ.get("TRITON_INTERPRET") == "1"  # where Triton runs it
+        names = c["kernels"].split(",") if c["kernels"] else [n for n in CANDIDATES if (c["compile"] or n != "compiled")
+                                                               and (fused or n != "fused")]
         if not set(names) <= set(CANDIDATES) or "bag" not in names:
             raise ConfigError(f"kernels={c['kernels']!r} is invalid: allowed a comma list of {tuple(CANDIDATES)} "
                               "including bag (the reference), or '' for all")
-        return c, ["bag"] + [n for n in dict.fromkeys(names) if n != "bag"], setup(c["device"], c["threads"])
+        return c, ["bag"] + [n for n in dict.fromkeys(names) if n != "bag"], device
     except (ConfigError, ValueError) as e:
         die(e)
 
@@ -186,7 +191,7 @@ def phi_step(kernel, x, W, g, k, tau, chunk, ctx):
 def phi_check(name, x, W, g, k, tau, chunk, ctx, cuda, ref, log):
     """A kernel's first call (it compiles, if it does), untimed: (its step, {largest absolute differences of (Phi,
     dx, dW) from bag's, and on CUDA its peak above what was allocated before it}, bag's outputs); a kernel that fails
-    (out of memory, an op this device lacks) is recorded as failed and gives step None."""
+    (out of memory, an op this device lacks, "fused" named on a CPU) is recorded as failed and gives step None."""
     step = phi_step(CANDIDATES[name], x, W, g, k, tau, chunk, ctx)
     x.grad = W.grad = None  # the previous kernel's gradients are not this one's peak
     if cuda:
@@ -195,7 +200,7 @@ def phi_check(name, x, W, g, k, tau, chunk, ctx, cuda, ref, log):
     before = torch.cuda.memory_allocated() if cuda else 0
     try:
         out = step()
-    except (RuntimeError, NotImplementedError) as e:
+    except (RuntimeError, NotImplementedError, ValueError) as e:
         why = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
         log.fail(name, why)
         return None, None, ref

@@ -27,7 +27,7 @@ FR = ".ci/first_reached.py"
 def test_plan_cache_never_rewrites_a_users_file(tmp_path, content):
     f = tmp_path / "mine.json"
     f.write_text(content)
-    one_line(run(STEP + ["--steps=0", f"--plan_cache={f}"]), "is not a plan cache")
+    one_line(run(STEP + ["--steps=0", f"--plan_cache={f}"]), "only such a file is replaced")
     assert f.read_text() == content
 
 
@@ -36,11 +36,11 @@ def test_plan_cache_special_files(tmp_path):
     one_line(run(STEP + ["--steps=0", f"--plan_cache={tmp_path}"]), "a writable file path")
     fifo = tmp_path / "fifo.json"
     os.mkfifo(fifo)
-    one_line(run(STEP + ["--steps=0", f"--plan_cache={fifo}"], timeout=60), "is not a regular file")
+    one_line(run(STEP + ["--steps=0", f"--plan_cache={fifo}"], timeout=60), "is a named pipe, not a regular file")
     target, link = tmp_path / "target.json", tmp_path / "link.json"
     link.symlink_to(target)
     assert run(STEP + ["--steps=0", f"--plan_cache={link}"]).returncode == 0
-    assert link.is_symlink() and json.loads(target.read_text())["discoloop_plan_cache"] == 1
+    assert link.is_symlink() and json.loads(target.read_text())["discoloop_mark"] == "plan cache"
 
 
 @pytest.mark.parametrize("value", [0, -5, 1e300, True, "x", None])  # 0 was a ZeroDivisionError, the rest printed
@@ -48,7 +48,7 @@ def test_a_damaged_plan_entry_is_made_again(tmp_path, value):
     cache = tmp_path / "plans.json"
     assert run(STEP + ["--variants=loop", "--steps=0", f"--plan_cache={cache}"]).returncode == 0
     good = json.loads(cache.read_text())
-    key = next(k for k in good if k != "discoloop_plan_cache")
+    key = next(k for k in good if k != "discoloop_mark")
     cache.write_text(json.dumps({**good, key: value}))
     r = run(STEP + ["--variants=loop", "--steps=1", f"--plan_cache={cache}"])
     assert r.returncode == 0, r.stderr[-2000:]
@@ -58,7 +58,7 @@ def test_a_damaged_plan_entry_is_made_again(tmp_path, value):
 def test_json_rows_go_only_to_their_own_file(tmp_path):
     notes = tmp_path / "notes.md"
     notes.write_text("my notes\n")  # rows were appended after the user's lines
-    one_line(run(STEP + ["--steps=1", f"--json={notes}"]), "holds something other than")
+    one_line(run(STEP + ["--steps=1", f"--json={notes}"]), "holds a first line that is not JSON")
     assert notes.read_text() == "my notes\n"
     rows = tmp_path / "s.jsonl"  # --steps=0 with --json wrote nothing; now the plans are its rows
     assert run(STEP + ["--variants=loop,disco", "--steps=0", f"--json={rows}"]).returncode == 0
@@ -116,6 +116,27 @@ def test_first_reached_watches_only_new_rows_and_says_how_it_ended(tmp_path):
     r = subprocess.run([sys.executable, FR, str(m), "acc>=0.9", "--", "/nonexistent/cmd"], cwd=REPO,
                        capture_output=True, text=True)
     assert r.returncode == 127 and "cannot run '/nonexistent/cmd'" in r.stderr  # was a FileNotFoundError traceback
+
+
+def test_first_reached_fails_loudly(tmp_path):
+    """Round 6: each of these said "not reached" and exited 0, or read the wrong rows."""
+    m = tmp_path / "m.jsonl"
+    m.write_text('{"iter": 0, "time": 1.0, "acc/test_id": 0.5}\n')
+
+    def fr(*args, **kw):
+        return subprocess.run([sys.executable, FR, *args], cwd=REPO, capture_output=True, text=True, timeout=60, **kw)
+    r = fr(str(m), "acc/tset_id>=0.9")  # a misspelt metric
+    assert r.returncode == 2 and "metric 'acc/tset_id' is in none of the 1 rows" in r.stderr, r.stderr
+    notes = tmp_path / "notes.md"
+    notes.write_text("# my notes\nacc>=0.9\n")
+    r = fr(str(notes), "acc>=0.9")
+    assert r.returncode == 2 and "line 1 is not JSON" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    r = fr(str(tmp_path / "never.jsonl"), "acc>=0.9", "--", sys.executable, "-c", "pass")
+    assert r.returncode == 2 and "never appeared" in r.stderr, r.stderr
+    rewrite = ("import sys, os, time\ntime.sleep(0.5)\nopen(sys.argv[1] + '.new', 'w').write('{\"acc/test_id\": 0.99}\\n')\n"
+               "os.replace(sys.argv[1] + '.new', sys.argv[1])\ntime.sleep(30)")
+    r = fr(str(m), "acc/test_id>=0.9", "--", sys.executable, "-c", rewrite, str(m))  # replaced under the watcher
+    assert r.returncode == 3 and "truncated or replaced while watched" in r.stderr, (r.stdout, r.stderr)
 
 
 @pytest.mark.parametrize("sig,code", [(signal.SIGTERM, 124), (signal.SIGINT, 130)])

@@ -138,7 +138,7 @@ def test_bad_input(ckpt, tmp_path):
     notes = tmp_path / "notes.txt"  # the hostile pass: --json replaced a user's file with the results
     notes.write_text("my notes")
     r = run(["eval_harness.py", f"--ckpt={ckpt}", "--tasks=no_such_task", f"--json={notes}"])
-    assert r.returncode == 2 and "holds no result of eval_harness.py" in r.stderr, r.stderr[-2000:]
+    assert r.returncode == 2 and "holds text that is not JSON" in r.stderr, r.stderr[-2000:]
     assert notes.read_text() == "my notes"
 
 

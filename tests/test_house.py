@@ -16,7 +16,8 @@ PROJECT = {**MODULES, **SCRIPTS}
 
 
 def imports(path):
-    """[(module, lineno, at top level?)] of the project modules a file imports."""
+    """[(module, lineno, at top level?)] of the project modules a file imports, by an import statement or by name
+    (importlib.import_module("name"): a hidden arrow is still an arrow)."""
     tree = ast.parse(open(path).read())
     top = set(id(n) for n in tree.body)
     out = []
@@ -26,14 +27,32 @@ def imports(path):
             names = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+        elif (isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", "")) == "import_module"
+              and node.args and isinstance(node.args[0], ast.Constant)):
+            names = [node.args[0].value]
         for name in names:
             if name in PROJECT:
                 out.append((name, node.lineno, id(node) in top))
     return out
 
 
-def graph():
-    return {m: {n for n, _, _ in imports(p)} - {m} for m, p in PROJECT.items() if m != "modeling_discoloop"}
+# The one arrow up, stated: GPT.from_pretrained (nanoGPT's entry point, kept for forkers) imports pretrained.py by name
+# when called; a copy of model.py alone never calls it, and pretrained.py imports model.py. Every other arrow goes down.
+STATED_EXCEPTIONS = {("model", "pretrained")}
+
+
+def graph(stated=False):
+    """{module: the project modules it imports}; without `stated`, the stated exceptions left out."""
+    g = {m: {n for n, _, _ in imports(p)} - {m} for m, p in PROJECT.items() if m != "modeling_discoloop"}
+    return g if stated else {m: {n for n in ns if (m, n) not in STATED_EXCEPTIONS} for m, ns in g.items()}
+
+
+def test_the_hidden_arrows_are_seen_and_only_the_stated_one_is_up():
+    g = graph(stated=True)
+    by_name = {(m, n) for m, p in PROJECT.items() for n, line, _ in imports(p)
+               if "import_module" in open(p).read().splitlines()[line - 1] and n in g.get(m, ())}
+    assert by_name == STATED_EXCEPTIONS, f"imports by name: {sorted(by_name)} (stated: {sorted(STATED_EXCEPTIONS)})"
+    assert "model" in g["pretrained"], "the stated exception is a circle only while pretrained.py imports model.py"
 
 
 def test_no_import_cycle():
@@ -56,7 +75,12 @@ def test_no_import_cycle():
 def test_model_and_common_stand_low():
     g = graph()
     assert g["model"] <= {"kernels", "muon"}, f"model.py imports {sorted(g['model'])}: a forker copies model.py + kernels.py"
-    assert not g["common"] and not g["kernels"] and not g["compat"], "common.py, kernels.py, compat.py import nothing of ours"
+    assert not g["common"] and not g["compat"], "common.py, compat.py import nothing of ours"
+    # kernels.py imports only phi_triton.py (the fused Phi decode, a Triton kernel), inside the one function that runs
+    # it: a forker's copy of model.py + kernels.py runs without it (test_model_py_runs_copied_alone), and phi_triton.py
+    # itself imports nothing of ours
+    assert g["kernels"] <= {"phi_triton"} and not g["phi_triton"], f"kernels.py imports {sorted(g['kernels'])}"
+    assert all(not top for _, _, top in imports(PROJECT["kernels"])), "kernels.py imports phi_triton.py at its top"
 
 
 def test_model_py_runs_copied_alone(tmp_path):
@@ -87,24 +111,39 @@ def test_no_function_over_sixty_lines():
 
 # growth is a decision: raising one of these is a line in a reviewed change, not drift. kernels.py holds the core's Phi
 # kernels only (candidates live in lab/), bench.py measures (the lab compares alternatives). model.py 600 -> 640: the
-# adaptive exit beside the loop (issue 55)
-LINE_BUDGETS = {"model.py": 640,
+# adaptive exit beside the loop (issue 55); 640 -> 660, the house's ceiling: issue 62's KVCache.crop (speculative.py cuts
+# the caches back) beside the other changes of that session
+LINE_BUDGETS = {"model.py": 660,
                 "train.py": 430, "README.md": 200, "kernels.py": 200, "bench.py": 550}
-# lines of project code train.py imports, directly or through others (its import closure): raising it is a decision too.
-# Issue 57's 4,146, the adaptive exit inside it: what only the scripts that use a checkpoint need is inference.py, what
-# only prepare scripts need is dataprep.py, the Hugging Face tokenizer conversion is export_hf.py's; training imports none
-TRAIN_CLOSURE_BUDGET = 4146
+# Lines of project code a training run loads, counted as it runs (`python train.py config/symbolic.py`: the dataset
+# dispatch imports data/symbolic/prepare.py, which imports dataprep.py, by name at run time): raising it is a decision.
+# Issue 63 measured 4,488 at 082ca7f; since then a run from scratch or a resume loads no Hugging Face converter
+# (pretrained.py: only a branch from a folder imports it), which pays for ownership by a mark and the new policies
+TRAIN_CLOSURE_BUDGET = 4488
+CLOSURE = """import atexit, os, runpy, sys
+def report():
+    files = {os.path.realpath(m.__file__) for m in list(sys.modules.values()) if getattr(m, "__file__", None)}
+    ours = sorted(f for f in files if f.startswith(REPO + os.sep) and f.endswith(".py") and os.path.isfile(f))
+    print("CLOSURE " + repr([os.path.relpath(f, REPO) for f in ours]), file=sys.stderr)
+atexit.register(report)
+sys.argv = ["train.py"] + sys.argv[1:]
+runpy.run_path("train.py", run_name="__main__")
+"""
 
 
-def test_train_import_closure_budget():
-    g, seen, todo = graph(), set(), ["train"]
-    while todo:
-        m = todo.pop()
-        if m not in seen:
-            seen.add(m)
-            todo += [n for n in g.get(m, ()) if n in PROJECT]
-    lines = sum(len(open(PROJECT[m]).read().splitlines()) for m in seen)
-    assert lines <= TRAIN_CLOSURE_BUDGET, f"train.py imports {lines} lines of project code over {sorted(seen)}"
+def test_train_import_closure_budget(tiny_data, tmp_path):
+    """What a training run really loads (a fresh interpreter, the project files in sys.modules at its exit)."""
+    from conftest import TINY_DATA_ARGS, TINY_MODEL
+    args = ["config/symbolic.py", f"--data_dir={tiny_data}", f"--out_dir={tmp_path / 'run'}", "--max_iters=0",
+            f"--data_args={TINY_DATA_ARGS}"] + TINY_MODEL
+    r = subprocess.run([sys.executable, "-c", f"REPO = {REPO!r}\n" + CLOSURE, *args], cwd=REPO, capture_output=True,
+                       text=True, timeout=300, env={**os.environ, "PYTHONPATH": REPO})
+    line = [x for x in r.stderr.splitlines() if x.startswith("CLOSURE ")]
+    assert r.returncode == 0 and line, r.stderr[-2000:]
+    files = ast.literal_eval(line[0][len("CLOSURE "):])
+    assert {"train.py", "model.py", "data/symbolic/prepare.py", "dataprep.py"} <= set(files), files  # it counts these
+    lines = sum(len(open(os.path.join(REPO, f)).read().splitlines()) for f in files)
+    assert lines <= TRAIN_CLOSURE_BUDGET, f"a training run loads {lines} lines of project code over {files}"
 
 
 def test_line_budgets():
@@ -115,8 +154,11 @@ def test_line_budgets():
 
 def test_the_key_file_is_only_keys_and_train_stands_on_five_floors():
     """train_config.py (the keys) imports neither the Hugging Face loader nor the tokenizer (the data checks live in
-    dataloader.py, beside open_data); the longest chain of project imports under train.py is five modules."""
+    dataloader.py, beside open_data); the longest chain of project imports under train.py is five modules. phi_triton.py
+    (the fused Phi kernel's Triton code, imported inside the one function that runs it, importing nothing of ours) hangs
+    below kernels.py as a leaf, not a floor."""
     g = graph()
+    g["kernels"] = g["kernels"] - {"phi_triton"}
     assert not {"pretrained", "tokenizer", "dataloader", "tasks", "shards"} & g["train_config"], sorted(g["train_config"])
 
     def depth(m, seen=()):

@@ -1,6 +1,8 @@
 """Every top-k Phi kernel, the core's (kernels.PHI_KERNELS) and the lab's candidates (lab/phi.py), computes TopkPhi: in float64 its Phi, dx and dW equal the
 dense formula's (softmax over the top-k logits, -inf elsewhere, @ W, differentiated by autograd) to 1e-12, across
 chunk boundaries, tau != 1, k = 1 and k = V, and ties (equal rows of W)."""
+import importlib.util
+import os
 from functools import partial
 
 import pytest
@@ -11,11 +13,30 @@ import kernels
 from kernels import topk_phi
 from lab.phi import CANDIDATES, GRADS, phi_variant, twostage_topk
 
+
+def interpreted(kernel):
+    """A kernel run with TRITON_INTERPRET=1 for its call only (Triton's interpreter on the CPU; the variable is gone
+    after the call, so no other test sees it)."""
+    def phi(*args):
+        before = os.environ.get("TRITON_INTERPRET")
+        os.environ["TRITON_INTERPRET"] = "1"
+        try:
+            return kernel(*args)
+        finally:
+            if before is None:
+                del os.environ["TRITON_INTERPRET"]
+            else:
+                os.environ["TRITON_INTERPRET"] = before
+    return phi
+
+
 # the registry (its two-stage top-k prunes only where V >= 2 x 4,096), plus two-stage top-k at blocks that prune
-# here: 37 = 4 x 8 + a tail of 5, and 37 = 6 x 6 + 1
-KERNELS = {**{n: f for n, f in CANDIDATES.items() if n != "compiled"},
+# here: 37 = 4 x 8 + a tail of 5, and 37 = 6 x 6 + 1. "fused" (a Triton kernel: CUDA or its interpreter) runs under
+# the interpreter where triton is installed (its own tests: tests/test_phi_fused.py)
+KERNELS = {**{n: f for n, f in CANDIDATES.items() if n not in ("compiled", "fused")},
            **{f"twostage{b}+{g or 'bag'}": phi_variant(partial(twostage_topk, block=b), GRADS[g]) for b in (6, 8)
-              for g in GRADS}}
+              for g in GRADS},
+           **({"fused": interpreted(CANDIDATES["fused"])} if importlib.util.find_spec("triton") else {})}
 # (B, T, chunk, k, tau): T not a multiple of chunk, chunk 1 with k = 1, chunk >= T with k = V, chunk = T
 CASES = [(2, 7, 3, 6, 0.7), (2, 7, 1, 1, 1.0), (1, 5, 8, 37, 2.0), (3, 4, 4, 9, 1.0)]
 V, D = 37, 5

@@ -30,7 +30,7 @@ def test_acc_table_every_loop_count(tiny_ckpts, tiny_data):
     out = probe("acc", f"--ckpt={tiny_ckpts['loop']}", "--n_loop=1,2,4")
     assert "| n_loop | train_atom | train_id | test_id | test_ood | val_id | atoms_A | atoms_B |" in out
     res = json.load(open(os.path.join(tiny_ckpts["loop"], "probe_acc.json")))
-    assert res.pop("probe") == "acc" and set(res) == {"1", "2", "4"} and all(0 <= v <= 1 for r in res.values() for v in r.values())
+    assert res.pop("probe") == "acc" and res.pop("discoloop_mark") == "probe.py acc" and set(res) == {"1", "2", "4"} and all(0 <= v <= 1 for r in res.values() for v in r.values())
     # n_loop=2 is the trained model: equals the final accuracy in training's last metrics line (fp32 both)
     last = [json.loads(line) for line in open(os.path.join(tiny_ckpts["loop"], "metrics.jsonl"))][-1]
     assert res["2"]["test_id"] == pytest.approx(last["acc/test_id"], abs=1e-4)
@@ -58,7 +58,7 @@ def test_atom_graphs_follow_the_facts(tiny_data):
 def test_lens_values_in_range_and_disco_injected_state(tiny_ckpts):
     probe("lens", f"--ckpt={tiny_ckpts['disco']}")
     res = json.load(open(os.path.join(tiny_ckpts["disco"], "probe_lens.json")))
-    where, _ = res.pop("where"), res.pop("probe")
+    where, _, _ = res.pop("where"), res.pop("probe"), res.pop("discoloop_mark")
     probe("acc", f"--ckpt={tiny_ckpts['disco']}", "--n_loop=2", "--json=" + os.path.join(tiny_ckpts["disco"], "acc2.json"))
     final = json.load(open(os.path.join(tiny_ckpts["disco"], "acc2.json")))["2"]
     assert set(res) == {"train_id", "val_id", "test_id", "test_ood"}
@@ -230,7 +230,7 @@ def test_plot_keeps_runs_that_share_a_name(tiny_ckpts, tmp_path):
         shutil.copytree(tiny_ckpts["loop"], tmp_path / sub / "run")
     probe("plot", str(tmp_path / "a" / "run"), str(tmp_path / "b" / "run"), f"--png={tmp_path / 'c.png'}",
           f"--json={tmp_path / 'c.json'}")
-    assert len(json.load(open(tmp_path / "c.json"))) == 3  # "probe" and one row per run, not one overwriting the other
+    assert len(json.load(open(tmp_path / "c.json"))) == 4  # the mark, "probe" and one row per run, not one overwriting the other
 
 
 def test_probe_without_a_command_is_one_line():
@@ -295,9 +295,9 @@ def test_exit_probe_keeps_a_users_file_and_every_threshold(tiny_ckpts, tmp_path)
     mine.write_text("hi\n")
     theirs.write_text('{"mine": 1}')  # the second pass: any JSON object was replaced, a dataset's meta.json too
     fig.write_text("not a figure")    # ... and --png replaced any file with a figure's suffix
-    for args, needle in (([f"--json={mine}"], "holds no result of probe.py"),
-                         ([f"--json={theirs}"], "holds no result of probe.py"),
-                         ([f"--png={fig}"], "replaced only if it is a figure"),
+    for args, needle in (([f"--json={mine}"], "holds text that is not JSON"),
+                         ([f"--json={theirs}"], "holds a JSON dict with keys ['mine'] without the mark"),
+                         ([f"--png={fig}"], "without the mark"),
                          (["--exit_thresholds=0.5,0.5,0.50000001"], "repeats a threshold"),
                          (["--splits=test_id,test_id"], "repeats a split"),
                          (["--windows=3"], "applies to a pretraining run's validation shards")):

@@ -1,0 +1,180 @@
+"""Round 6 (issue 63): nothing lost and nothing silent. Ownership by a mark, not a name (common.owned): a user's file
+that has a project file's name, or the key an older check looked for, is never replaced, extended or deleted; an
+output that is a named pipe is refused before it is opened (it blocked for ever); a pretrained folder's absurd sizes
+are one line before anything is built; an old checkpoint opens; a run branched from a Hugging Face folder resumes with
+the command that made it."""
+import json
+import os
+
+import pytest
+import torch
+
+from conftest import REPO, run, tiny_train_args
+
+from common import MARK, ConfigError, owned
+
+
+def one_line(r, *needles):
+    err = r.stderr.strip()
+    assert r.returncode == 2 and len(err.splitlines()) == 1 and "Traceback" not in err, r.stderr[-2000:]
+    for n in needles:
+        assert n in err, err
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tiny_data, tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("r6") / "run")
+    r = run(tiny_train_args(tiny_data, out, "--max_iters=4", "--eval_interval=2", "--recurrence=loop"))
+    assert r.returncode == 0, r.stderr[-2000:]
+    return out
+
+
+def test_owned_reads_the_mark_not_the_name(tmp_path):
+    """The one decision, each kind: absent or empty may be written; marked is ours; anything else is one line saying
+    what was found; a pipe, a folder, a device are refused before they are opened."""
+    f = tmp_path / "x.json"
+    assert owned(str(f), "json") is False
+    f.write_text("")
+    assert owned(str(f), "json") is False
+    f.write_text(json.dumps({"probe": "acc", "row": 1, "results": 2, "run": 3}))  # every key an older check wanted
+    with pytest.raises(ConfigError, match="without the mark"):
+        owned(str(f), "json")
+    f.write_text(json.dumps({MARK: "probe.py acc"}))
+    assert owned(str(f), "json") is True
+    rows = tmp_path / "r.jsonl"
+    rows.write_text(json.dumps({"run": {"mine": 1}}) + "\n")  # a RowLog's first row, before it carried the mark
+    with pytest.raises(ConfigError, match="extended"):
+        owned(str(rows), "jsonl", verb="extended")
+    os.mkfifo(tmp_path / "pipe")
+    for path, what in ((tmp_path / "pipe", "a named pipe"), (tmp_path, "a folder"), ("/dev/null", "a device")):
+        with pytest.raises(ConfigError, match=what):
+            owned(str(path), "json")
+    pt = tmp_path / "ckpt.pt"
+    torch.save({"model": {}, "model_args": {}}, pt)  # nanoGPT's checkpoint: not ours
+    with pytest.raises(ConfigError, match="a torch file with keys"):
+        owned(str(pt), "checkpoint")
+    pt.write_text("my notes")
+    with pytest.raises(ConfigError, match="torch cannot read"):
+        owned(str(pt), "checkpoint")
+
+
+def test_overwrite_never_deletes_a_users_checkpoint_named_file(tiny_data, tmp_path):
+    out = tmp_path / "run"
+    r = run(tiny_train_args(tiny_data, str(out), "--max_iters=2", "--eval_interval=2", "--keep_every=2"))
+    assert r.returncode == 0, r.stderr[-2000:]
+    (out / "ckpt_007.pt").write_text("a user's notes")  # ckpt_<iter>.pt by name: was deleted by --overwrite=True
+    one_line(run(tiny_train_args(tiny_data, str(out), "--max_iters=2", "--overwrite=True")), "ckpt_007.pt",
+             "torch cannot read")
+    assert (out / "ckpt_007.pt").read_text() == "a user's notes" and (out / "ckpt_2.pt").exists()
+    own = tmp_path / "mine"
+    own.mkdir()
+    (own / "ckpt.pt").write_text("text")  # a user's file named ckpt.pt: was "an earlier run's ckpt.pt"
+    (own / "notes.txt").write_text("x")
+    r = run(tiny_train_args(tiny_data, str(own), "--max_iters=2", "--overwrite=True"))
+    assert r.returncode == 2 and "earlier run" not in r.stderr and (own / "ckpt.pt").read_text() == "text", r.stderr
+
+
+def test_outputs_keep_users_files_and_pipes_do_not_hang(tiny_run, tmp_path):
+    user = tmp_path / "mine.json"
+    user.write_text(json.dumps({"probe": "acc", "mine": 1}))  # holds the key the older check looked for
+    one_line(run(["probe.py", "acc", f"--ckpt={tiny_run}", f"--json={user}"]), "without the mark")
+    assert json.loads(user.read_text()) == {"probe": "acc", "mine": 1}
+    pipe = tmp_path / "pipe.json"
+    os.mkfifo(pipe)
+    one_line(run(["probe.py", "exit", f"--ckpt={tiny_run}", f"--json={pipe}"], timeout=60), "a named pipe")
+    one_line(run(["bench.py", "step", "config/pretrain_tiny.py", "--vocab_size=64", "--steps=1", f"--json={pipe}"], timeout=60),
+             "a named pipe")
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text(json.dumps({"run": "mine"}) + "\n")  # a user's JSON lines that look like a row log
+    one_line(run(["bench.py", "step", "config/pretrain_tiny.py", "--vocab_size=64", "--steps=1", f"--json={rows}"]), "extended")
+    assert rows.read_text() == json.dumps({"run": "mine"}) + "\n"
+    good = tmp_path / "p.json"  # the project's own result is replaced: the same command twice
+    for _ in range(2):
+        assert run(["probe.py", "acc", f"--ckpt={tiny_run}", f"--json={good}"]).returncode == 0
+    assert json.loads(good.read_text())[MARK] == "probe.py acc"
+
+
+def test_plot_default_figure_is_not_a_users_file(tiny_run, tmp_path):
+    (tmp_path / "curves.png").write_bytes(b"\x89PNG a user's figure")  # a real PNG header: was replaced
+    one_line(run([os.path.join(REPO, "probe.py"), "plot", tiny_run], cwd=tmp_path), "png=", "without the mark")
+    assert (tmp_path / "curves.png").read_bytes() == b"\x89PNG a user's figure"
+    fig = tmp_path / "ours.png"
+    for _ in range(2):  # a figure the project drew carries the mark and is replaced
+        assert run(["probe.py", "plot", tiny_run, f"--png={fig}"]).returncode == 0
+    assert owned(str(fig), "figure") is True
+
+
+def test_an_absurd_pretrained_folder_is_one_line_before_building(tmp_path):
+    from pretrained import check_fits, pretrained_architecture
+    from common import DataError
+    folder = tmp_path / "hf"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({
+        "model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": 64, "hidden_size": 32,
+        "intermediate_size": 48, "num_hidden_layers": 100_000_000, "num_attention_heads": 4,
+        "max_position_embeddings": 64}))
+    with pytest.raises(DataError, match="num_hidden_layers|n_layer=100000000"):
+        pretrained_architecture(str(folder))
+    arch = dict(n_embd=32, n_layer=2, vocab_size=10 ** 12, n_head=4, n_kv_head=0, n_hidden=0, mlp="gelu",
+                tie_embeddings=True)
+    with pytest.raises(DataError, match="vocab_size=1000000000000"):
+        check_fits(arch, "config.json")
+    check_fits({**arch, "vocab_size": 64}, "config.json", limit=10 ** 9)  # a small model fits
+
+
+def test_a_checkpoint_with_a_retired_kernel_opens_with_one_note(tiny_data, tmp_path):
+    out = tmp_path / "run"
+    r = run(tiny_train_args(tiny_data, str(out), "--max_iters=2", "--eval_interval=2", "--recurrence=disco",
+                            "--phi_topk=4"))
+    assert r.returncode == 0, r.stderr[-2000:]
+    from checkpoint import content_crc, load_checkpoint
+    ck = torch.load(out / "ckpt.pt", weights_only=True)
+    for key in ("model_args", "config"):  # as a commit before the kernel moved to lab/phi.py wrote it
+        ck[key]["phi_kernel"] = "dense"
+    ck.pop(MARK)
+    ck.pop("crc32")
+    torch.save({**ck, "crc32": content_crc(ck)}, out / "ckpt.pt")
+    for script in (["probe.py", "acc"], ["sample.py", "--start=e1", "--max_new_tokens=2", "--num_samples=1"]):
+        r = run(script + [f"--ckpt={out}"])
+        assert r.returncode == 0, r.stderr[-2000:]
+        notes = [x for x in r.stderr.splitlines() if "phi_kernel='dense'" in x]
+        assert len(notes) == 1 and "read as 'auto'" in notes[0], r.stderr
+    assert load_checkpoint(str(out / "ckpt.pt"))["model_args"]["phi_kernel"] == "auto"
+    r = run(tiny_train_args(tiny_data, str(out), "--max_iters=4", "--eval_interval=2", "--recurrence=disco",
+                            "--phi_topk=4", "--init_from=resume"))
+    assert r.returncode == 0, r.stderr[-2000:]  # an old run resumes too, its records read as today's
+
+
+def test_one_rule_for_keys_that_do_nothing(tiny_run, tiny_data, tmp_path):
+    """A typed key that would change nothing is refused in one line by every script (train.py's rule), even typed at
+    its default; the same keys where they act run."""
+    one_line(run(["sample.py", f"--ckpt={tiny_run}", "--start=e1", "--temperature=0", "--top_k=5"]),
+             "top_k=5 has no effect", "temperature > 0")
+    one_line(run(["bench.py", "sample", "config/pretrain_tiny.py", "--vocab_size=64", "--dtype=bfloat16"]),
+             "dtype='bfloat16' has no effect")
+    one_line(run(["bench.py", "sample", "config/pretrain_tiny.py", "--vocab_size=64", "--compile=False"]),
+             "compile=False has no effect")  # typed at its default: still asked for, still nothing
+    one_line(run(tiny_train_args(tiny_data, str(tmp_path / "a"), "--eval_iters=3")), "eval_iters=3 has no effect",
+             "token shards")
+    one_line(run(tiny_train_args(tiny_data, str(tmp_path / "b"), "--device=cpu", "--memory_check=True")),
+             "memory_check=True has no effect", "CUDA")
+    assert run(["sample.py", f"--ckpt={tiny_run}", "--start=e1", "--temperature=0.5", "--top_k=5",
+                "--max_new_tokens=2", "--num_samples=1"]).returncode == 0
+
+
+def test_phi_tau_means_one_thing_for_a_loops_exits():
+    """phi_tau is Phi's temperature: a loop decodes no Phi, so its exits read the plain head whatever phi_tau says
+    (it changed what an exit measured on a loop run while the key was noted as having no effect there)."""
+    from model import GPT, GPTConfig, Exit
+    torch.manual_seed(0)
+    x = torch.randint(0, 40, (2, 8))
+    out = {}
+    for tau in (1.0, 0.2):
+        torch.manual_seed(0)
+        m = GPT(GPTConfig(vocab_size=40, n_layer=1, n_head=2, n_embd=16, block_size=8, recurrence="loop", n_loop=3,
+                          phi_tau=tau)).eval()
+        with torch.no_grad():
+            out[tau] = m.hidden(x, exits=Exit("prob", 0.05, 1))
+    a, b = out[1.0], out[0.2]
+    a, b = (a[0], b[0]) if isinstance(a, tuple) else (a, b)
+    assert torch.equal(a, b)
