@@ -237,10 +237,11 @@ ASSUMED_MFU = 0.35
 TOKENS = 20e9
 
 
-def training_config(argv, name, doc, extra, checks, need_file=True, need_vocab=True, files=(), unused=()):
+def training_config(argv, name, doc, extra, checks, need_file=True, need_vocab=True, files=(), unused={}):
     """The preamble of every subcommand that reads a training config: train.py's keys and checks
     (train_config.py) plus the subcommand's own `extra` keys and `checks`; a one-line exit 2 on bad input. `unused`:
-    training keys the subcommand never reads (train.py's inert rule: refused when typed, noted when a file sets them)."""
+    {training key: when its value is what the subcommand does anyway}: any other value would be ignored (train.py's
+    inert rule: refused when typed, noted when a file sets it)."""
     try:
         if need_file and not any(a.endswith(".py") for a in argv if not a.startswith("--")) and not {"-h", "--help"} & set(argv):
             cmd = name if name.endswith(".py") else f"bench.py {name}"
@@ -250,8 +251,8 @@ def training_config(argv, name, doc, extra, checks, need_file=True, need_vocab=T
                       [*files, __file__, train_config.__file__, sys.modules[GPTConfig.__module__].__file__],
                       {**train_config.CHECKS, **checks}, stated)
         train_config.check(c, stated)  # train.py's one validator: the training keys' relations, GPTConfig's, inert keys
-        check_inert(c, train_config.defaults(), {k: (lambda c: False, f"a script that reads it (bench.py {name} times "
-                                                   "fp32 eager decoding)") for k in unused}, stated)
+        check_inert(c, train_config.defaults(), {k: (ok, f"a script that reads it (bench.py {name} times fp32 eager "
+                                                    "decoding)") for k, ok in unused.items()}, stated)
         if need_vocab and not c["vocab_size"]:
             raise ConfigError("vocab_size=0 (the dataset's) is unknown without the data: set --vocab_size")
         if c.get("json"):  # every such --json is a measure.RowLog: before any work, a pipe or a user's file is one line
@@ -273,11 +274,10 @@ def plan_main(argv):
         die("vocab_size=0 (the dataset's) cannot be planned without the data: set --vocab_size")
     ac = c["activation_checkpointing"]
     plans = {a: plan({**c, "activation_checkpointing": a}, c["world_size"]) for a in (AUTO_ORDER if ac == "auto" else [ac])}
-    if ac == "auto":  # every policy planned, what 'auto' picks on each GPU, and the plan of the first GPU's pick
+    if ac == "auto":  # every policy planned, what 'auto' picks on each GPU, and the plan of the smallest GPU's pick
         totals = {a: p.total for a, p in plans.items()}
-        picks = [pick_checkpointing(totals.get, cap) for cap in GPUS.values()]
-        print("\n".join(auto_note(pick, totals, cap, name) for pick, (name, cap) in zip(picks, GPUS.items())))
-        c = {**c, "activation_checkpointing": picks[0]}
+        print("\n".join(auto_note(pick_checkpointing(totals.get, cap), totals, cap, name) for name, cap in GPUS.items()))
+        c = {**c, "activation_checkpointing": pick_checkpointing(totals.get, min(GPUS.values()))}
     p = plans[c["activation_checkpointing"]]
     print(format_plan(p, c, c["world_size"]))
     with torch.device("meta"):
@@ -328,10 +328,7 @@ def step_main(argv):
     dtype = resolve_dtype(c["dtype"], device)
     try:
         PHASE[0] = "the memory plans"
-        policy = {r: c["activation_checkpointing"] for r in names}  # 'auto': per variant, by this device's memory
-        for r in names if c["activation_checkpointing"] == "auto" else ():
-            policy[r] = pick_checkpointing(lambda a: GB * cached_plan({**c, "activation_checkpointing": a}, r, DTYPES[dtype]),
-                                           device_bytes(device))
+        policy = {r: checkpointing(c, r, device, DTYPES[dtype]) for r in names}
         plans = {r: cached_plan({**c, "activation_checkpointing": policy[r]}, r, DTYPES[dtype]) for r in names}  # before timing
     except ConfigError as e:
         die(e)
@@ -348,7 +345,7 @@ def step_main(argv):
                   f"MFU vs {peak_flops / 1e12:.0f} TF", "peak alloc GB",
                   "peak reserved GB", "plan GB", "peak / plan", "top-k Phi share", "step vs first"], c["json"],
                  {"config": config_file(argv), "peak_flops": peak_flops, "device": device, "dtype": dtype,
-                  "torch": torch.__version__})
+                  "torch": torch.__version__, "activation_checkpointing": policy})
     ref = None
     for r in names:
         row = measure_step({**c, "activation_checkpointing": policy[r]}, r, device, dtype, plans[r])
@@ -357,6 +354,12 @@ def step_main(argv):
         if device.startswith("cuda"):
             torch.cuda.empty_cache()
     return log.records
+
+
+def checkpointing(c, r, device, dtype):
+    """Variant r's activation_checkpointing, 'auto' resolved by this device's memory (memory.pick_checkpointing)."""
+    return c["activation_checkpointing"] if c["activation_checkpointing"] != "auto" else pick_checkpointing(
+        lambda a: GB * cached_plan({**c, "activation_checkpointing": a}, r, dtype), device_bytes(device))
 
 
 STEP_COLUMNS = ("first_s", "graphs", "recompiles", "step_ms", "tok_per_s", "mfu", "peak_alloc_GB", "peak_reserved_GB",
@@ -444,8 +447,7 @@ def measure_step(c, r, device, dtype, planned):
             "recompiles": sum(len(v) for v in guard_failures.values()) if guard_failures is not None else 0,
             "step_ms": round(dt * 1000, 1), "tok_per_s": round(B * T / dt), "mfu": round(mfu, 4),
             "peak_alloc_GB": round(peak, 2), "peak_reserved_GB": round(reserved, 2), "plan_GB": round(planned, 3),
-            "peak_over_plan": round(peak / planned, 3), "phi_share": round(share, 3),
-            "activation_checkpointing": c["activation_checkpointing"]}
+            "peak_over_plan": round(peak / planned, 3), "phi_share": round(share, 3)}
 
 
 def topk_phi_seconds(model, B, T, ctx, device, steps):
@@ -481,7 +483,8 @@ def sample_main(argv):
              "samples": 1,       # prompts (rows of one batch = 1: a batch only exits where every row has)
              **EXIT_KEYS, **SPEC_KEYS}
     c = training_config(argv, "sample", sample_main.__doc__, extra, {"new_tokens": INT_GE1, "prompt": INT_GE1,
-                        "samples": INT_GE1, **EXIT_CHECKS, **SPEC_CHECKS}, unused=("dtype", "compile"),
+                        "samples": INT_GE1, **EXIT_CHECKS, **SPEC_CHECKS},
+                        unused={"dtype": lambda c: c["dtype"] == "float32", "compile": lambda c: not c["compile"]},
                         need_vocab=not any(a.startswith("--ckpt=") and len(a) > 7 for a in argv),  # a run has its own
                         files=[sys.modules[m].__file__ for m in ("inference", "speculative")])  # their keys' comments
     try:
@@ -494,7 +497,7 @@ def sample_main(argv):
             model = model_from_checkpoint(load_checkpoint(c["ckpt"]))
         else:
             model = GPT(GPTConfig.from_dict({**c, "block_size": max(c["block_size"], c["prompt"] + c["new_tokens"])}))
-        exits = exit_option(c["exit_rule"], c["exit_threshold"], c["exit_min_loops"], model)
+        exits = exit_option(c["exit_rule"], c["exit_threshold"], c["exit_min_loops"], model, ckpt=c["ckpt"] or None)
         spec = spec_option(c["speculative_draft_loops"], c["speculative_len"], model)  # a row of its own: exits apart
         if c["prompt"] + c["new_tokens"] > model.config.block_size:
             raise ConfigError(f"prompt + new_tokens = {c['prompt'] + c['new_tokens']} exceeds the checkpoint's "

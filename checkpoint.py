@@ -110,7 +110,7 @@ def load_checkpoint(path, map_location="cpu", required=("model", "model_args")):
 # trained with: the checkpoint's config is the truth, and a resume that differs is refused, naming the key.
 # (split_join is listed: its own rule, joins_acted, lets only joins that have not acted yet move.)
 RESUMABLE = ("max_iters", "eval_interval", "keep_every", "log_interval", "eval_iters", "eval_batch_size", "stage1_splits", "eval_only", "init_from",
-             "overwrite", "stop_metric", "stop_patience", "split_join", "threads", "device", "compile", "compile_mode", "phi_kernel",
+             "overwrite", "stop_metric", "stop_patience", "split_join", "threads", "device", "compile", "compile_mode", "cuda_graph", "phi_kernel",
              "memory_check", "activation_checkpointing",  # memory, not numbers: equal gradients (tests/test_checkpointing.py)
              "peak_flops", "wandb_log", "wandb_project", "wandb_run_name", "out_dir", "data_dir", "data_args")
 

@@ -59,6 +59,30 @@ def _one_line_out_of_memory(exc_type, exc, tb):
 sys.excepthook = _one_line_out_of_memory  # every script imports this module: an allocation failure anywhere is one line
 
 
+def machine_bytes():
+    """This machine's physical memory (the bound on a float32 model built on the CPU before it moves anywhere)."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def weights_fit(c, where, error=ValueError, limit=None):
+    """The model keys' sizes, by arithmetic, against what this machine can hold, before anything is built: a
+    config.json of 100,000 layers or a vocabulary of 10^12 is one line naming `where` and the keys, not an allocation
+    that runs for minutes or ends as 'out of memory'. Counted: the weights (attention, MLP per block, K copies for
+    recurrence='none', embedding and head), built in float32 beside the weights they are loaded from (x 2)."""
+    d, L, V = c["n_embd"], c["n_layer"], c["vocab_size"]
+    kv = d // c["n_head"] * (c["n_kv_head"] or c["n_head"])
+    hidden = c["n_hidden"] or 4 * d
+    per_block = d * (d + 2 * kv) + d * d + (3 if c["mlp"] == "swiglu" else 2) * d * hidden
+    copies = c["n_loop"] if c.get("recurrence") == "none" else 1
+    params = copies * L * per_block + V * d * (1 if c["tie_embeddings"] else 2)
+    need, have = 2 * 4 * params, limit or machine_bytes()
+    if need > have:
+        raise error(f"{where}: n_layer={L}, n_embd={d}, n_hidden={hidden}, vocab_size={V} make {params / 1e9:.3g}B "
+                    f"parameters, {need / 1e9:.3g} GB to build in float32, more than this machine's {have / 1e9:.3g} GB: "
+                    "not a model this machine can build")
+
+
+
 # A temp name carries this process's random token, so the cleanup of a run folder (runlog.lock_run_folder) removes
 # exactly what the project wrote: a user's `notes.tmp-1` or `x.tmp-discoloop` is never one of ours.
 _TMP_TOKEN = secrets.token_hex(8)

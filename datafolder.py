@@ -38,8 +38,8 @@ META_FIELDS = {
                ("config.tokenizer_sha256", False, (lambda v: isinstance(v, str) and len(v) == 64, "a sha256 hex string"))],
     "qa": [("splits", True, (lambda v: isinstance(v, dict) and v and all(
                isinstance(i, dict) and isinstance(i.get("file"), str) and isinstance(i.get("train"), bool)
-               and type(i.get("hops", 1)) is int for i in v.values()),
-               "an object of splits, each with a 'file' name and 'train' true or false")),
+               and type(i.get("hops", 1)) is int and i.get("hops", 1) >= 1 for i in v.values()),
+               "an object of splits, each with a 'file' name, 'train' true or false and 'hops' >= 1")),
            ("vocab", True, (lambda v: isinstance(v, list) and v and all(isinstance(t, str) for t in v),
                             "a list of token strings")),
            ("checksums", False, (lambda v: isinstance(v, dict), "an object"))],

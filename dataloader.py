@@ -17,7 +17,7 @@ Then check_with_data: the training keys that can only be checked against the ope
 import importlib
 import os
 
-from common import ConfigError, DataError
+from common import ConfigError, DataError, weights_fit
 from configurator import merge
 from curriculum import check_against
 from datafolder import hf_folder, kind_of, read_meta
@@ -67,7 +67,8 @@ def open_data(dataset, data_dir, data_args, block_size, eval_iters, seed, split_
         if split_join:
             raise DataError(f"split_join={split_join!r} is for QA datasets; a token corpus has no splits to join")
         if data_args:
-            check_made_with(prep.DEFAULTS, data_args, meta.get("config", {}), data_dir)
+            record = {k: meta[k] for k in ("encoding",) if k in meta}  # shards made by hand record it here alone
+            check_made_with(prep.DEFAULTS, data_args, {**record, **meta.get("config", {})}, data_dir)
         return TokenData(data_dir, block_size, eval_iters, seed, meta)  # meta.json read once, handed on
     # a join by rule ('acc/val_id>=0.9') is not known yet: the split waits until train.py sets it
     return QAData(data_dir, block_size, {s: None if isinstance(j, str) else j for s, j in split_join.items()}, meta=meta,
@@ -121,6 +122,7 @@ def check_with_data(config, data, defaults):
         GPTConfig.from_dict({**config, "vocab_size": config["vocab_size"] or data.vocab_size})
     except ValueError as e:
         raise ConfigError(f"{e} (the vocabulary of '{config['data_dir']}')") from None
+    weights_fit({**config, "vocab_size": config["vocab_size"] or data.vocab_size}, "the model keys", ConfigError)
     if config["loops_by_hops"] or config["extra_loops"]:
         check_loops_by_hops(config, data)
     first = int((data.row_join == 0).sum()) if data.kind == "qa" else None  # QA: examples in the mix at 0

@@ -62,7 +62,7 @@ def folder_tokenizer_first(path):
 @register_model("discoloop")
 class DiscoLoopLM(TemplateLM):
     def __init__(self, ckpt, n_loop=None, batch_size=16, device="auto", dtype="auto", max_gen_toks=256, exit_rule="",
-                 exit_threshold=0.9, exit_min_loops=1, speculative_draft_loops=0, speculative_len=4, **_):
+                 exit_threshold=-1, exit_min_loops=1, speculative_draft_loops=0, speculative_len=4, **_):
         super().__init__()
         self.dev = resolve_device(device)
         if hf_folder(ckpt):  # e.g. the pretrained model a looped one was continued from (data/smollm2/out)
@@ -78,7 +78,8 @@ class DiscoLoopLM(TemplateLM):
         if self.n_loop is not None and (self.n_loop < 1 or (self.model.rec.copies and self.n_loop > K)):
             raise ConfigError(f"n_loop={self.n_loop} is invalid: allowed 0 (the trained K={K}) or 1.."
                               f"{K if self.model.rec.copies else 'any'} for recurrence={self.model.config.recurrence!r}")
-        self.exits = exit_option(exit_rule, exit_threshold, exit_min_loops, self.model, self.n_loop)
+        self.exits = exit_option(exit_rule, exit_threshold, exit_min_loops, self.model, self.n_loop,
+                                 ckpt if isinstance(ckpt, str) else None)  # 'gate': the gate beside the checkpoint
         self.spec = spec_option(int(speculative_draft_loops), int(speculative_len), self.model, self.n_loop, self.exits)
         self.loops = [0, 0]  # adaptive depth: loops run by the scored inputs' tokens, and how many tokens
         self.batch = int(batch_size)
@@ -238,12 +239,13 @@ def check_model_args(args):
     for key, lo in MODEL_ARG_INTS.items():
         if key in kv and not (kv[key].isdigit() and int(kv[key]) >= lo):
             raise ConfigError(f"--model_args {key}={kv[key]!r} is invalid: allowed an integer >= {lo}")
-    if kv.get("exit_rule"):  # rule and threshold (model.Exit's one check)
+    if kv.get("exit_rule"):  # rule and threshold (model.Exit's one check; 'gate' is read with the model: a stand-in)
         try:
-            Exit(kv["exit_rule"], float(kv.get("exit_threshold", 0.9)))
+            threshold = float(kv.get("exit_threshold", -1))
+            Exit(kv["exit_rule"], 0.9 if threshold == -1 else threshold, score=lambda *_: None)
         except ValueError as e:
             raise ConfigError(f"--model_args exit_rule={kv['exit_rule']!r}, exit_threshold="
-                              f"{kv.get('exit_threshold', 0.9)!r}: {e}") from None
+                              f"{kv.get('exit_threshold', -1)!r}: {e}") from None
     if "dtype" in kv and not SYSTEM_CHECKS["dtype"][0](kv["dtype"]):
         raise ConfigError(f"--model_args dtype={kv['dtype']!r} is invalid: allowed {SYSTEM_CHECKS['dtype'][1]}")
     if hf_folder(kv["ckpt"]):
@@ -319,12 +321,12 @@ def main(argv):
     print(table(list(row), [[f"{v:.1f}" for v in row.values()]]))
     depth = lm.loops[0] / max(lm.loops[1], 1) if lm.exits is not None else None
     if depth is not None:
-        print(f"adaptive depth ({c['exit_rule']} {c['exit_threshold']}, min {c['exit_min_loops']}): {depth:.3f} loops per "
+        print(f"adaptive depth ({c['exit_rule']} {lm.exits.threshold:g}, min {c['exit_min_loops']}): {depth:.3f} loops per "
               f"token of {lm.n_loop or lm.model.config.n_loop}, over {lm.loops[1]} tokens of the scored inputs")
     if lm.spec is not None and lm.spec.rounds:  # only generate_until's tasks generate
         print(lm.spec.summary())
     result = {"row": row, "results": res["results"], "n_loop": c["n_loop"] or None, "mean_loops": depth,
-              "exit": {k: c[k] for k in EXIT_KEYS}}
+              "exit": {**{k: c[k] for k in EXIT_KEYS}, "exit_threshold": lm.exits.threshold if lm.exits else -1}}
     try:
         atomic_write(path, json.dumps(marked(result, "eval_harness.py"), indent=1, default=str))
     except OSError as e:

@@ -95,12 +95,10 @@ class GPTConfig:
     pos_emb: str = "rope"      # "rope" (pretraining backbone) or "learned" (GPT-2 base of the symbolic runs)
     rope_theta: float = 10000.0  # RoPE base
     pos_every_loop: bool = False  # learned positions: add them before every loop, not only to the tokens
-    pos_shift: int = 0         # learned positions, training only: each sequence starts at a random position
-                               # 0..pos_shift, so rows past the longest training example are trained too
-                               # (hop extrapolation; cf. randomized positions, Ruoss et al. 2023); eval starts at 0
+    pos_shift: int = 0         # learned positions, training only: each sequence starts at a random 0..pos_shift, so rows
+                               # past the longest example train too (hop extrapolation; Ruoss et al. 2023); eval at 0
     sandwich_norm: bool = False  # Ouro-style: also norm each sublayer's output before the residual add
-    scaled_init: bool = True   # GPT-2: residual projections c_proj ~ N(0, 0.02/sqrt(2 n_layer K)); False = Ouro's
-                               # N(0, 0.02) for every Linear (with sandwich_norm, c_proj's scale is normed away)
+    scaled_init: bool = True   # GPT-2: c_proj ~ N(0, 0.02/sqrt(2 n_layer K)); False = Ouro's N(0, 0.02) for every Linear
     per_loop_norm: bool = False  # Ouro: ln_f after every loop, and the normed state feeds the next loop
     ponder_scale_embeds: bool = False     # PonderLM's scale_embeds: the input embedding times sqrt(d)
     ponder_multiply_steps: bool = False   # PonderLM's mutiply_pondering_steps: the input embedding times K-1
@@ -108,10 +106,8 @@ class GPTConfig:
     mlp: str = "swiglu"        # "swiglu" or "gelu" (GPT-2: 4d hidden)
     bias: bool = False         # biases in Linear layers and LayerNorm (GPT-2 has them)
     qkv_bias: bool = False     # biases on the q, k, v projections only (Qwen2); `bias` already includes them
-    norm_eps: float = 0.0      # epsilon of the blocks' norms and ln_f: 0 = the norm's own (RMSNorm 1e-6,
-                               # LayerNorm 1e-5); DiscoLoop's ln_inj keeps 1e-6
-    tie_embeddings: bool = True  # the head's W is the embedding's; False = lm_head is its own parameter (Llama,
-                                 # Qwen2 checkpoints): Phi then decodes with the head and encodes with the embedding
+    norm_eps: float = 0.0      # blocks' and ln_f's epsilon: 0 = the norm's own (RMSNorm 1e-6, LayerNorm 1e-5; ln_inj 1e-6)
+    tie_embeddings: bool = True  # head W = embedding W; False (Llama, Qwen2): Phi decodes with the head, encodes with W
     recurrence: str = "disco"  # "disco" | "loop" | "none" (K untied copies) | "ponder" (PonderLM): RECURRENCES
     n_loop: int = 2            # K: applications of f_theta
     disco_gate: str = "fixed"  # "fixed": a = disco_alpha; "learned": a_t = sigmoid(<w, Phi(H_t)> + b)
@@ -119,9 +115,9 @@ class GPTConfig:
     phi_tau: float = 1.0       # softmax temperature of Phi, and of what an exit reads where Phi decodes (a loop's: 1)
     phi_topk: int = 0        # 0 = exact Phi over the vocabulary; k > 0 = Phi_k (Appendix B)
     phi_chunk: int = 0       # positions per chunk when decoding Phi (0 = all at once); bounds the B*chunk*V logits
-    phi_kernel: str = "auto"  # the top-k Phi kernel (kernels.PHI_KERNELS, all equal in float64; lab/phi.py times them):
-                             # "auto" = "csr" on CUDA (faster on an H200), "bag" elsewhere (faster on the CPU)
+    phi_kernel: str = "auto"  # top-k Phi's kernel (kernels.PHI_KERNELS, equal in float64): "auto" = csr on CUDA, else bag
     label_smoothing: float = 0.0  # label smoothing of the training loss
+    loop_loss: float = 0.0     # training adds this x the mean loss of the head read after each earlier loop (0 = off)
     loss_chunk: int = 1024     # positions per chunk of the head + cross-entropy (0 = all): bounds the (chunk, V) logits
     activation_checkpointing: str = "none"  # CHECKPOINTING; "auto": memory.py picks one by the plan (unresolved: "block")
     # when a key acts (configurator.inert: train.py and bench.py refuse a typed inert key, note a config file's): a
@@ -134,6 +130,8 @@ class GPTConfig:
               "disco_alpha": (lambda c: c["disco_gate"] == "fixed", "disco_gate='fixed', not {disco_gate!r}"),
               "pos_every_loop": (lambda c: c["pos_emb"] == "learned", "pos_emb='learned', not {pos_emb!r}"),
               "rope_theta": (lambda c: c["pos_emb"] == "rope", "pos_emb='rope', not {pos_emb!r}"),
+              "loop_loss": (lambda c: c["recurrence"] != "none" and not c.get("loops_by_hops"), "loops the head reads "
+                            "alike (not recurrence='none' nor loops_by_hops)"),
               "qkv_bias": (lambda c: not c["bias"], "bias=False (bias=True already has q, k, v biases)")}
 
     def __post_init__(self):
@@ -174,15 +172,14 @@ class GPTConfig:
         if RECURRENCES[self.recurrence].phi and self.n_loop < 2:
             bad("n_loop", f"an integer >= 2 for recurrence={self.recurrence!r} (one loop has no injection; "
                           "use recurrence='loop' for a single pass)")
-        if not math.isfinite(self.disco_alpha):
-            bad("disco_alpha", "a finite number")
-        if not (self.rope_theta > 0 and math.isfinite(self.rope_theta)):  # a negative base: NaN angles, no error
-            bad("rope_theta", "a finite number > 0")
+        for name, lo in (("disco_alpha", -math.inf), ("rope_theta", 0)):  # a RoPE base <= 0: NaN angles, no error
+            if not (getattr(self, name) > lo and math.isfinite(getattr(self, name))):
+                bad(name, "a finite number" + " > 0" * (lo == 0))
         if not 0 <= self.phi_topk <= self.vocab_size:
             bad("phi_topk", f"0 (exact) or 1..vocab_size={self.vocab_size}")
-        for name in ("dropout", "label_smoothing"):
-            if not 0 <= getattr(self, name) < 1:
-                bad(name, f"0 <= {name} < 1")
+        for name in ("dropout", "label_smoothing", "loop_loss"):
+            if not 0 <= getattr(self, name) < 1 or name == "loop_loss" and self.loop_loss and self.n_coda:
+                bad(name, f"0 <= {name} < 1" + (" and 0 with n_coda > 0 (no early state passes the coda)" * (name == "loop_loss")))
         for name, allowed in (("n_hidden", "0 (auto) or a positive width"), ("loss_chunk", "0 (no chunking) or a "
                               "positive number of positions"), ("phi_chunk", "0 (no chunking) or a positive number of positions")):
             if getattr(self, name) < 0:
@@ -199,11 +196,10 @@ class GPTConfig:
         return cls(**{k: d[k] for k in cls.defaults().keys() & d.keys()})
 
 
-# The keys a continuation of trained weights may set (how the stack is looped, its window, what only training reads);
-# every other key is the architecture, which the weights decide (a Hugging Face folder on a branch, a checkpoint on resume)
+# Keys a continuation may set (the looping, the window, training's); the rest is the architecture the weights decide
 CONTINUE_KEYS = ("block_size", "n_prelude", "n_coda", "recurrence", "n_loop", "disco_gate", "disco_alpha", "phi_tau",
                  "phi_topk", "phi_chunk", "phi_kernel", "pos_every_loop", "per_loop_norm", "ponder_scale_embeds",
-                 "ponder_multiply_steps", "pos_shift", "dropout", "scaled_init", "label_smoothing", "loss_chunk",
+                 "ponder_multiply_steps", "pos_shift", "dropout", "scaled_init", "label_smoothing", "loop_loss", "loss_chunk",
                  "activation_checkpointing")
 ARCH_KEYS = tuple(k for k in GPTConfig.defaults() if k not in CONTINUE_KEYS)
 
@@ -238,12 +234,10 @@ def apply_rope(x, cos, sin):
 
 
 class KVCache:
-    """Keys and values of one attention layer in one loop, (B, kv heads, positions so far, head size): K x n_layer
-    of them for generation (GPT.new_cache). Exact for every recurrence here: the updates between loops act per
-    position, so position t's state in every loop depends only on positions <= t, as the cache holds them."""
+    """Keys and values of one attention layer in one loop: K x n_layer of them for generation (GPT.new_cache). Exact for
+    every recurrence: the updates between loops act per position, so position t's state depends only on positions <= t."""
 
-    def __init__(self):
-        self.k = self.v = None
+    k = v = None  # (B, kv heads, positions, head size) each, once the first position is in
 
     def __len__(self):
         return 0 if self.k is None else self.k.size(2)
@@ -322,11 +316,9 @@ class Block(nn.Module):
 
     def forward(self, x, rope=None, cache=None):
         if self.policy != "none" and torch.is_grad_enabled():
-            # inside forward, so that compile_blocks compiles checkpoint(block), the order that keeps its memory and policy
-            # (pytorch#161889); non-reentrant: composes with compile and hooks, replays dropout's RNG. A selective policy
-            # pairs forward's ops with the rerun's one by one: no weight cast that autocast cached in an earlier loop
-            dev = x.device.type
-            with torch.autocast(dev, torch.get_autocast_dtype(dev), torch.is_autocast_enabled(dev), self.policy == "block"):
+            # in forward, so compile_blocks compiles checkpoint(block), which keeps memory and policy (pytorch#161889). Non-
+            # reentrant: replays dropout's RNG. Selective: no autocast cache, or loop 2's forward skips casts its rerun makes
+            with torch.autocast(x.device.type, enabled=torch.is_autocast_enabled(x.device.type), cache_enabled=self.policy == "block"):
                 return checkpoint(self.layers, x, rope, cache, use_reentrant=False, **CONTEXTS.get(self.policy, {}))
         return self.layers(x, rope, cache)
 
@@ -382,8 +374,7 @@ class GPT(nn.Module):
             nn.init.zeros_(module.bias)
 
     def projection_splits(self):
-        """{fused weight: row sizes of the separate projections inside it}: q, k, v in c_attn, and
-        gate, up in a SwiGLU c_fc (for Muon, which must see them as the separate matrices they are)."""
+        """{fused weight: row sizes of its projections}: q, k, v in c_attn, gate, up in a SwiGLU c_fc (Muon's matrices)."""
         d, out = self.config.n_embd, {}
         for block in self.transformer.h:
             kv = block.attn.kv_dim
@@ -394,9 +385,8 @@ class GPT(nn.Module):
         return out
 
     def configure_optimizers(self, optimizer, learning_rate, weight_decay, betas, eps, muon_momentum, fused=False):
-        """[AdamW] or [AdamW, Muon]. Weight decay on matrices only. With 'muon', the 2-D block matrices go
-        to Muon (scaled to AdamW-like lr by match_rms_adamw; q, k, v and gate, up orthogonalized apart,
-        muon.py); embeddings, norms and gates stay with AdamW."""
+        """[AdamW] or [AdamW, Muon]. Weight decay on matrices only. With 'muon', the 2-D block matrices go to Muon (AdamW-like
+        lr by match_rms_adamw; q, k, v and gate, up orthogonalized apart, muon.py); embeddings, norms, gates to AdamW."""
         params = {n: p for n, p in self.named_parameters() if p.requires_grad}
         muon_names = [n for n, p in params.items() if optimizer == "muon" and takes_muon(n, p)]
         decay = [p for n, p in params.items() if p.dim() >= 2 and n not in muon_names]
@@ -417,8 +407,7 @@ class GPT(nn.Module):
 
     # ---- pieces of the recurrence -------------------------------------------------------------
     def head(self, h):
-        """LM head: final norm, then the projection (tied to W unless tie_embeddings=False). Logits in the
-        activation dtype."""
+        """LM head: final norm, then the projection (W unless tie_embeddings=False), logits in the activation dtype."""
         return self.lm_head(self.normed(h))
 
     def normed(self, h):
@@ -449,10 +438,9 @@ class GPT(nn.Module):
         return x
 
     def compile_blocks(self, enable=True, **options):
-        """torch.compile each Block on its own (regional compilation), never the unrolled model: one compiled graph
-        serves every layer and loop (no Python number differs between the calls), so compile time does not grow
-        with depth x K; checkpoint(block) is compiled whole, so block checkpointing keeps eager's memory. In place
-        (names, state_dict, DDP and module hooks see the same modules; deepcopy before it); enable=False undoes it."""
+        """torch.compile each Block on its own (regional compilation), never the unrolled model: one graph serves every
+        layer and loop (no Python number differs between calls), so compile time does not grow with depth x K;
+        checkpoint(block) compiles whole (eager's memory). In place (deepcopy before it); enable=False undoes it."""
         for block in self.transformer.h:
             if enable:
                 block.forward = torch.compile(block.forward, **options)  # hooks run outside the compiled region
@@ -461,10 +449,9 @@ class GPT(nn.Module):
         return self
 
     def phi(self, h, p=None):
-        """Decode-then-encode Phi(h) = softmax(head(h)/tau) @ W, exact or top-k (Appendix B; TopkPhi).
-        Exact Phi decodes `phi_chunk` positions at a time; its (B, chunk, V) probabilities are kept
-        for backward, which is what top-k avoids, unless activation_checkpointing is not 'none': each chunk is then
-        recomputed whole in backward (PonderLM's exact Phi at the 440M shape needs it)."""
+        """Decode-then-encode Phi(h) = softmax(head(h)/tau) @ W, exact or top-k (Appendix B; TopkPhi). Exact Phi decodes
+        `phi_chunk` positions at a time; its (B, chunk, V) probabilities are kept for backward (top-k avoids that) unless
+        activation_checkpointing is not 'none': each chunk then reruns whole in backward (PonderLM's at the 440M shape)."""
         cfg = self.config
         W, head = self.transformer.wte.weight, self.lm_head.weight  # one tensor unless tie_embeddings=False
         if p is not None:  # decoded already (decode, adaptive depth): encode it
@@ -497,16 +484,19 @@ class GPT(nn.Module):
         loops: optional (B,) loop counts 1..n_loop: row b is read after loop loops[b] (train.py's loops_by_hops).
             Not checked here (a host sync): the caller's data is (dataloader.check_with_data).
         """
-        h = self.hidden(idx, n_loop, hook, loops=loops)  # (B, T, d)
+        cfg, early = self.config, []  # loop_loss: the states of the loops before the last, each read by the head
+        aux = self.training and targets is not None and cfg.loop_loss > 0 and loops is None
+        record = lambda k, h, nxt: (early.append(h) if k < (n_loop or cfg.n_loop) else None, hook and hook(k, h, nxt))[1]
+        h = self.hidden(idx, n_loop, record if aux else hook, loops=loops)  # (B, T, d)
         if targets is None:
             return self.head(h), None
-        cfg = self.config
         if sparse_targets:
             keep = targets.reshape(-1) != -1
-            h, targets = h.reshape(-1, h.size(-1))[keep], targets.reshape(-1)[keep]  # (N, d), (N,)
-        loss = linear_cross_entropy(self.normed(h), self.lm_head.weight, targets, cfg.loss_chunk,
-                                    cfg.label_smoothing)
-        return None, loss
+            early, h, targets = [e.reshape(-1, h.size(-1))[keep] for e in early], h.reshape(-1, h.size(-1))[keep], \
+                targets.reshape(-1)[keep]  # (N, d), (N,)
+        loss = [linear_cross_entropy(self.normed(e), self.lm_head.weight, targets, cfg.loss_chunk, cfg.label_smoothing)
+                for e in [h] + early]
+        return None, loss[0] + (cfg.loop_loss * sum(loss[1:]) / len(loss[1:]) if early else 0)
 
     def hidden(self, idx, n_loop=None, hook=None, cache=None, loops=None, exits=None):
         """The final state that the LM head reads, (B, T, d): embed -> prelude -> K loops of f_theta, each followed by
@@ -521,9 +511,10 @@ class GPT(nn.Module):
         if K < 1 or (self.rec.copies and K > cfg.n_loop):
             raise ValueError(f"n_loop={K} is invalid: allowed 1.."
                              f"{cfg.n_loop if self.rec.copies else 'any'} for recurrence={cfg.recurrence}")
-        if exits is not None:  # each token's exit loop (set in place below), and the p of the loop before
+        # at (B, T): the loop each token is read after (a row's `loops`, or set as tokens exit); p: the last decoded p
+        at, p = loops[:, None].expand(B, T) if loops is not None else None, None
+        if exits is not None:
             exits.loops.append(at := torch.full((B, T), K, device=idx.device))
-            p = None
         x, pos = self.embed(idx, t0)
         if cfg.n_prelude:
             x = self.f_theta(x, cache=cache[0] if cache is not None else None, part="prelude")
@@ -544,10 +535,10 @@ class GPT(nn.Module):
             if hook is not None:
                 replaced = hook(k, h, x_next)
                 x_next = x_next if replaced is None else replaced
-            if loops is not None or exits is not None:  # rows (tokens) that stopped keep their last loop's output
-                out = h if k == 1 else torch.where((loops < k)[:, None, None] if exits is None else (at < k)[..., None], out, h)
-            x = x_next if exits is None else torch.where(done[..., None], x, x_next)
-        x = x if loops is None and exits is None else out
+            if at is not None:  # tokens read after an earlier loop keep that loop's output
+                out = h if k == 1 else torch.where((at < k)[..., None], out, h)
+            x = x_next if done is None else torch.where(done[..., None], x, x_next)
+        x = x if at is None else out
         if cfg.n_coda:  # the head reads the coda's output (after the loop, or after a row's own loop count)
             x = self.f_theta(x, cache=cache[0] if cache is not None else None, part="coda")
         return x

@@ -25,7 +25,7 @@ import sys
 import numpy as np
 import torch
 
-from common import ConfigError, DataError, read_json
+from common import ConfigError, DataError, read_json, weights_fit
 from datafolder import hf_folder  # noqa: F401 (its readers import it from here too)
 from model import ARCH_KEYS, CONTINUE_KEYS, GPT, GPTConfig
 
@@ -52,30 +52,8 @@ def pretrained_architecture(folder):
         GPTConfig(**arch, block_size=n_pos, recurrence="loop", n_loop=1)
     except ValueError as e:
         raise DataError(f"{path}: {e}") from None
-    check_fits(arch, path)
+    weights_fit(arch, path, DataError)  # before anything is built
     return kind, arch, n_pos, path
-
-
-def machine_bytes():
-    """This machine's physical memory (the bound on a float32 model built on the CPU before it moves anywhere)."""
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-
-
-def check_fits(arch, path, limit=None):
-    """The folder's sizes, by arithmetic, against what this machine can hold, before anything is built: a config.json
-    saying 100,000 layers or a vocabulary of 10^12 is one line naming the file and its fields, not an allocation that
-    runs for minutes or ends as 'out of memory'. The count is the stack's weights (attention, MLP, embedding and
-    head); from_pretrained builds them in float32 and reads the folder's weights beside them."""
-    d, L, V = arch["n_embd"], arch["n_layer"], arch["vocab_size"]
-    kv = d // arch["n_head"] * (arch["n_kv_head"] or arch["n_head"])
-    hidden = arch["n_hidden"] or 4 * d
-    per_block = d * (d + 2 * kv) + d * d + (3 if arch["mlp"] == "swiglu" else 2) * d * hidden
-    params = L * per_block + V * d * (1 if arch["tie_embeddings"] else 2)
-    need, have = 2 * 4 * params, limit or machine_bytes()  # the model in float32 and the weights it is loaded from
-    if need > have:
-        raise DataError(f"{path}: n_layer={L}, n_embd={d}, n_hidden={hidden}, vocab_size={V} make {params / 1e9:.3g}B "
-                        f"parameters, {need / 1e9:.3g} GB to load in float32, more than this machine's "
-                        f"{have / 1e9:.3g} GB: not a model this machine can build (a damaged config.json?)")
 
 
 def from_pretrained(folder, **overrides):

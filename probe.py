@@ -5,11 +5,10 @@ Mechanistic probes of a trained checkpoint on the dataset it was trained on (pap
     python probe.py lens  --ckpt=out/symbolic_loop                     # Table 1(b): logit lens at the bridge
     python probe.py sweep --ckpt=out/symbolic_loop --norm=rms          # Fig. 2: the intervention of Eq. (2)
     python probe.py gate  --ckpt=out/nl_direct                         # learned gate per token type
-    python probe.py exit  --ckpt=out/hops --exit_thresholds=0.5,0.9 --png=exit.png   # adaptive depth vs fixed K
-    python probe.py exit  --ckpt=out/small_disco --exit_thresholds=0.5,0.9   # a pretraining run: val loss vs depth
     python probe.py plot  out/symbolic out/symbolic_loop out/symbolic_flat --png=assets/curves.png   # Fig. 3
 
-Each prints a markdown table and writes JSON (--json=PATH, default OUT_DIR/probe_<command>.json).
+Each prints a markdown table and writes JSON (--json=PATH, default OUT_DIR/probe_<command>.json). Adaptive depth
+(`probe.py exit` until issue 63) is exits.py's: an inference feature, measured on question-answer and token data.
 The bridge of a two-hop question (a, r1, r2) is b with (a, r1, b) an atomic fact of the dataset;
 the bridge position is 1 (the r1 token), where the model predicts b for the atom (a, r1).
 """
@@ -18,53 +17,20 @@ import math
 import os
 import sys
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
-from checkpoint import config_mismatch, load_checkpoint
-from inference import beside_checkpoint, exit_option, model_from_checkpoint, trained_on_tokens
+from inference import beside_checkpoint, lead_pads, load
 import plots
 from common import (ERRORS, FIGURE_METADATA, SYSTEM_CHECKS, CheckpointError, ConfigError, DataError, atomic_write, autocast,
                     die, marked, owned, setup, table)
-from configurator import INT_GE0, INT_GE1, OUTPUT, configure, num, one_of
+from configurator import INT_GE1, OUTPUT, configure, num, one_of
 from precision import resolve_dtype
 from runlog import STOP_METRIC_CHECK
-from shards import TokenShards
-from datafolder import kind_of, read_meta
-from tasks import QAData, accuracy
+from tasks import accuracy
 
 BRIDGE_POS = 1
 NORMS = ("rms", "unit", "none")
-
-
-def load(ckpt_path, data_dir=None, raw=False, tokens_ok=False):
-    """(model, data): tasks.QAData, or where `tokens_ok` (exit) the val shards (shards.TokenShards) of a pretraining
-    run. data_dir (default: the checkpoint's own) must hold the kind of data and the tokens the model was trained on."""
-    ckpt = load_checkpoint(ckpt_path)
-    made = ckpt.get("data_config", {})
-    tokens = trained_on_tokens(ckpt)
-    if tokens and not tokens_ok:
-        raise CheckpointError(f"'{ckpt_path}' was trained on token shards: probe.py probes question-answer checkpoints "
-                              "(symbolic, nl), and exit also a pretraining run; evaluate it with eval_harness.py")
-    data_dir = data_dir or ckpt["config"]["data_dir"]
-    kind = kind_of(read_meta(data_dir))  # the folder says what it is
-    if kind != ("tokens" if tokens else "qa"):
-        raise DataError(f"data_dir='{data_dir}' is not a {'token shard' if tokens else 'question-answer'} dataset "
-                        f"({kind!r} data): the checkpoint was trained on one")
-    if tokens:  # the same token ids: encoding, tokenizer file, tokenizer hash
-        data = TokenShards(data_dir, "val")
-        why = config_mismatch(made, data.meta.get("config", {}), ["encoding", "tiktoken_file", "tokenizer_file",
-                                                                  "tokenizer_sha256"])
-    else:
-        data = QAData(data_dir)
-        why = config_mismatch(made, data.meta["config"], list(data.meta["config"]))
-    if why or data.vocab_size > ckpt["model_args"]["vocab_size"]:
-        raise CheckpointError(f"checkpoint was trained on another dataset than '{data_dir}' "
-                              f"({why or 'vocabulary size differs'})")
-    if raw and "ema" not in ckpt:
-        print(f"note: '{ckpt_path}' has no weight average: --raw=True changes nothing", file=sys.stderr)
-    return model_from_checkpoint(ckpt, use_ema=not raw).eval(), data
 
 
 def two_hop_splits(data):
@@ -85,13 +51,6 @@ def examples(data, split):
     v = data.meta["vocab"]
     return [tuple(v[i] for i in x[o:o + hops + 1].tolist()) + (v[int(y[y != -1][0])],)
             for x, y, o in zip(X, Y, lead_pads(data, X).tolist())]
-
-
-def lead_pads(data, X):
-    """The '_' tokens each row starts with (data/symbolic/prepare.py's pad_left, training splits; else 0)."""
-    if not data.meta["config"].get("pad_left"):
-        return torch.zeros(len(X), dtype=torch.long)
-    return (X == data.stoi["_"]).long().cumprod(1).sum(1)
 
 
 def bridges(data, split, depth=1):
@@ -272,132 +231,44 @@ def cmd_gate(model, data):
     return {**out, **pos}
 
 
-@torch.no_grad()
-def adaptive_accuracy(model, X, Y, exits, K, batch_size=2048):
-    """(right (N,), exit loops (N, T)) of a question split with adaptive depth (model.Exit), the head read off each
-    answer token's own exit state."""
-    right, loops = [], []
-    for i in range(0, len(X), batch_size):
-        x, y = X[i:i + batch_size], Y[i:i + batch_size]
-        h = model.hidden(x, n_loop=K, exits=exits)
-        ok = torch.ones_like(y, dtype=torch.bool)
-        ok[y != -1] = model.head(h[y != -1]).argmax(-1) == y[y != -1]
-        right.append(ok.all(1))
-        loops.append(exits.loops.pop())
-    return torch.cat(right), torch.cat(loops)
+def acc_loops(text, model):
+    """acc's loop counts: --n_loop, or 1..K+1 (1..K for the untied copies of recurrence='none', which have no loop
+    past K: asked for explicitly, such a count is refused, not dropped)."""
+    K = model.config.n_loop
+    if not text:
+        return list(range(1, K + (1 if model.rec.copies else 2)))
+    loops = [int(n) for n in text.split(",")]
+    if model.rec.copies and max(loops) > K:
+        raise ConfigError(f"n_loop={text!r} is invalid: allowed loop counts 1..{K} for this non-looped checkpoint "
+                          f"(recurrence='none': {K} untied copies of f, no loop past them)")
+    return loops
 
 
-def cmd_exit(model, data, exits, K, png=None, only=""):
-    """Adaptive depth (model.Exit, one per threshold) against fixed loop counts 1..K, per split: accuracy, the mean
-    loops per token (a question's real tokens, pads left out: the blocks it runs are these x the looped layers),
-    the exit loop of the answer token (histogram) and of each position (mean, from the first real token)."""
-    names = only.split(",") if only else []
-    if len(set(names)) < len(names) or "" in names:
-        raise ConfigError(f"splits={only!r} repeats a split or has an empty one: give each split once")
-    splits = {s: v for s, v in data.splits.items() if not names or s in names}
-    if not splits:
-        raise ConfigError(f"splits={only!r} names no split of this dataset: allowed a comma list of {list(data.splits)}")
-    hops = {s: data.meta["splits"][s]["hops"] for s in splits}
-    fixed = {n: {s: accuracy(model, X, Y, n_loop=n)[0] for s, (X, Y) in splits.items()} for n in range(1, K + 1)}
-    out, rows = {"K": K, "fixed": fixed, "adaptive": {}}, []
-    for ex in exits:
-        res = {}
-        for s, (X, Y) in splits.items():
-            right, at = adaptive_accuracy(model, X, Y, ex, K)
-            rel = torch.arange(X.size(1))[None] - lead_pads(data, X)[:, None]  # position from the first real token
-            last = X.size(1) - 1 - (Y != -1).flip(1).int().argmax(1)  # the last answer token: right padding after it
-            rel = rel.masked_fill(torch.arange(X.size(1))[None] > last[:, None], -1)  # (-1: not a real token)
-            hist = torch.bincount(at[Y != -1], minlength=K + 1)[1:].float() / (Y != -1).sum()
-            res[s] = {"hops": hops[s], "acc": right.double().mean().item(), "mean_loops": at[rel >= 0].double().mean().item(),
-                      "answer_exit_hist": hist.tolist(),
-                      "position_mean_exit": [at[rel == t].float().mean().item() for t in range(int(rel.max()) + 1)]}
-            r = res[s]
-            rows.append([f"{ex.rule} {ex.threshold:g}", s, r["hops"], r["acc"], fixed[K][s], r["mean_loops"],
-                         f"{1 - r['mean_loops'] / K:.1%}", " ".join(f"{v:.3f}" for v in hist.tolist()),
-                         " ".join(f"{v:.2f}" for v in r["position_mean_exit"])])
-        out["adaptive"][f"{ex.threshold:g}"] = res
-    print(table(["exit", "split", "hops", "acc", f"acc K={K}", "loops/token", "blocks saved",
-                 "answer exits at 1..K", "mean exit loop by position"], rows))
-    print(table(["split", "hops"] + [f"fixed n={n}" for n in fixed],
-                [[s, hops[s]] + [fixed[n][s] for n in fixed] for s in splits]))
-    if png:
-        plot_exit(out, hops, png, f"{exits[0].rule}, min_loops {exits[0].min_loops}")
-    return out
+def run_plot(dirs, a):
+    owned(a["json"], "json")
+    return plots.plot(dirs, a["png"], a["stop_metric"], a["stop_patience"], a["at_epoch"], a["hops"])
 
 
-@torch.no_grad()
-def exit_loss(model, X, Y, n_loop, exits=None, batch_size=32):
-    """(validation loss in nats per token, mean loops per token) over windows X -> Y (N, T), each token's next-token
-    loss read off its own exit state (model.Exit) or, without exits, off loop n_loop."""
-    total = 0.0
-    for i in range(0, len(X), batch_size):
-        h = model.hidden(X[i:i + batch_size], n_loop=n_loop, exits=exits)
-        total += F.cross_entropy(model.head(h).float().flatten(0, 1), Y[i:i + batch_size].flatten(), reduction="sum").item()
-    mean = torch.cat([t.flatten() for t in exits.loops]).double().mean().item() if exits is not None else n_loop
-    if exits is not None:
-        exits.loops.clear()
-    return total / Y.numel(), mean
-
-
-def cmd_exit_tokens(model, val, exits, K, windows, png=None):
-    """Adaptive depth on a pretraining run: validation loss against mean loops per token, each threshold beside the
-    fixed loop counts 1..K, over the val shards' first `windows` consecutive windows of block_size tokens."""
-    T, n = model.config.block_size, windows or None
-    starts = [(s, i) for s, size in enumerate(val.sizes) for i in range(0, int(size) - T, T)][:n]
-    if not starts:  # every val shard shorter than one window
-        raise DataError(f"the val shards of '{val.data_dir}' hold fewer than block_size={T} + 1 tokens: no window")
-    X, Y = val.windows(*map(np.array, zip(*starts)), T)
-    fixed = {n: {"val": exit_loss(model, X, Y, n)[0]} for n in range(1, K + 1)}
-    out, rows = {"K": K, "windows": len(X), "tokens": Y.numel(), "fixed": fixed, "adaptive": {}}, []
-    print(f"validation: {len(X)} windows of {T} tokens from the start of '{val.data_dir}' ({Y.numel():,} next-token losses)")
-    for ex in exits:
-        loss, mean = exit_loss(model, X, Y, K, ex)
-        out["adaptive"][f"{ex.threshold:g}"] = {"val": {"loss": loss, "mean_loops": mean}}
-        rows.append([f"{ex.rule} {ex.threshold:g} (min {ex.min_loops})", mean, f"{1 - mean / K:.1%}", loss])
-    print(table(["exit", "loops/token", "blocks saved", "val loss"], rows + [[f"fixed n={n}", n, f"{1 - n / K:.1%}",
-                                                                              fixed[n]["val"]] for n in fixed]))
-    if png:
-        plot_exit(out, {"val": "val"}, png, f"{exits[0].rule}, min_loops {exits[0].min_loops}", "loss")
-    return out
-
-
-def plot_exit(out, hops, png, what, metric="acc"):
-    """Accuracy (or validation loss) against mean loops per token: the adaptive curve over thresholds, the fixed-K
-    points beside it."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    groups = sorted(set(hops.values()))
-    fig, axes = plt.subplots(1, len(groups), figsize=(3.6 * len(groups), 3.2), squeeze=False)
-    for ax, g in zip(axes[0], groups):
-        for i, s in enumerate(s for s in hops if hops[s] == g):
-            c = f"C{i}"
-            pts = sorted((r[s]["mean_loops"], r[s][metric]) for r in out["adaptive"].values())
-            ax.plot(*zip(*pts), marker="o", color=c, label=f"{s} adaptive")
-            ax.plot(list(out["fixed"]), [out["fixed"][n][s] for n in out["fixed"]], marker="x", ls=":", color=c,
-                    label=f"{s} fixed n")
-        ax.set(xlabel="mean loops per token", ylabel="accuracy" if metric == "acc" else "validation loss (nats)",
-               title=f"{g}-hop" if metric == "acc" else "validation shard")
-        if metric == "acc":
-            ax.set_ylim(-0.02, 1.02)
-        ax.legend(fontsize=6)
-    fig.suptitle(f"adaptive depth ({what}) vs fixed loop counts", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(png, dpi=120, metadata=FIGURE_METADATA)
-    print(f"wrote {png}")
-
-
-COMMANDS = {"acc": "Table 1(a): accuracy per split after 1..K+1 loops",
-            "lens": "Table 1(b): logit lens at the bridge position",
-            "sweep": "Fig. 2: the training-free intervention of Eq. (2), swept over alpha",
-            "gate": "the learned gate by token type and position",
-            "exit": "adaptive depth (model.Exit) vs fixed K: per split accuracy, exit loops, loops per token (a "
-                    "pretraining run: validation loss)",
-            "plot": "Fig. 3: training curves of run folders (given as positional arguments)"}
+CHECKPOINT_KEYS = {"ckpt", "data_dir", "json", "raw", "threads", "device", "dtype"}
+# verb -> (what it runs: on (model, data, keys), plot on (run folders, keys); the keys it uses; its help line)
+VERBS = {
+    "acc": (lambda model, data, a: cmd_acc(model, data, acc_loops(a["n_loop"], model)), CHECKPOINT_KEYS | {"n_loop"},
+            "Table 1(a): accuracy per split after 1..K+1 loops"),
+    "lens": (lambda model, data, a: cmd_lens(model, data), CHECKPOINT_KEYS,
+             "Table 1(b): logit lens at the bridge position"),
+    "sweep": (lambda model, data, a: cmd_sweep(model, data, a["norm"], [float(x) for x in a["alphas"].split(",")],
+                                               a["png"] or None), CHECKPOINT_KEYS | {"norm", "alphas", "png"},
+              "Fig. 2: the training-free intervention of Eq. (2), swept over alpha"),
+    "gate": (lambda model, data, a: cmd_gate(model, data), CHECKPOINT_KEYS,
+             "the learned gate by token type and position"),
+    "plot": (run_plot, {"png", "json", "stop_metric", "stop_patience", "at_epoch", "hops", "threads"},
+             "Fig. 3: training curves of run folders (given as positional arguments)"),
+}
+MOVED = {"exit": "exits.py: python exits.py --ckpt=RUN [--exit_thresholds=...] (its keys as they were)"}
 DEFAULTS = dict(
     ckpt="",          # checkpoint file or run folder (every command but plot)
     data_dir="",      # dataset folder (default: the one the checkpoint was trained on)
-    n_loop="",        # acc: comma-separated loop counts (default: 1..K+1); exit: the most loops (default K)
+    n_loop="",        # acc: comma-separated loop counts (default: 1..K+1)
     norm="rms",       # sweep: Norm of Eq. (2): 'rms' (match the hidden state's RMS), 'unit' or 'none'
     alphas="0,0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9,1.0",  # sweep: comma-separated intervention strengths
     png="",           # sweep, plot: write a figure here
@@ -406,22 +277,11 @@ DEFAULTS = dict(
     stop_patience=10,  # plot: ... and this patience (evaluations)
     at_epoch=-1.0,    # plot: read every run only up to this epoch (-1 = to its end), e.g. to compare routes
     hops=2,           # plot: which questions to draw and tabulate (3 = the *_3hop splits of config/symbolic3.py)
-    exit_rule="prob",  # exit: 'prob' (top probability >= threshold) or 'kl' (KL between loops <= threshold)
-    exit_thresholds="0.5,0.7,0.8,0.9,0.95,0.99",  # exit: comma-separated thresholds, one adaptive point each
-    exit_min_loops=1,  # exit: no token exits before this many loops
-    splits="",        # exit: comma list of the splits to measure ('' = all)
-    windows=0,        # exit on a pretraining run: the first this many val windows of block_size tokens (0 = all)
     raw=False,        # probe the raw weights, not the weight average (EMA)
     threads=0,        # CPU threads (0 = torch's choice)
     device="auto",    # 'auto' | 'cpu' | 'cuda' (common.py's rule)
     dtype="float32",  # probes measure: fp32 unless asked; 'auto' = precision.py's rule, 'bfloat16'
 )
-CHECKPOINT_KEYS = {"ckpt", "data_dir", "json", "raw", "threads", "device", "dtype"}
-USES = {"acc": CHECKPOINT_KEYS | {"n_loop"}, "lens": CHECKPOINT_KEYS, "gate": CHECKPOINT_KEYS,
-        "sweep": CHECKPOINT_KEYS | {"norm", "alphas", "png"},
-        "exit": CHECKPOINT_KEYS | {"n_loop", "png", "exit_rule", "exit_thresholds", "exit_min_loops", "splits",
-                                           "windows"},
-        "plot": {"png", "json", "stop_metric", "stop_patience", "at_epoch", "hops", "threads"}}
 
 
 def loop_counts(text):
@@ -442,30 +302,30 @@ CHECKS = {**SYSTEM_CHECKS, "stop_metric": STOP_METRIC_CHECK, "stop_patience": IN
                   f"a writable figure path ending in {', '.join(plots.FIGURE_EXTENSIONS)}"),
           "norm": one_of(*NORMS), "n_loop": (loop_counts, "loop counts >= 1, comma-separated (e.g. '1,2,3')"),
           "alphas": (finite_numbers, "comma-separated finite numbers (e.g. '0,0.5,1')"),
-          "exit_thresholds": (finite_numbers, "comma-separated finite numbers (e.g. '0.5,0.9')"),
-          "exit_rule": one_of("prob", "kl"), "exit_min_loops": INT_GE1, "windows": INT_GE0,
           "at_epoch": (lambda v: v == -1 or num(0)[0](v), "-1 (the whole run) or an epoch >= 0"),
           "hops": (lambda v: v >= 2, "an integer >= 2 (the k of the k-hop splits)")}
 
 
 def parse_args(argv):
     """(command, run folders for plot, config), every key checked before any work; a bad one is one line, exit 2."""
-    usage = "usage: probe.py {" + ",".join(COMMANDS) + "} [--key=value ...]   (plot: run folders as arguments)"
+    usage = "usage: probe.py {" + ",".join(VERBS) + "} [--key=value ...]   (plot: run folders as arguments)"
     if argv and argv[0] in ("-h", "--help"):
-        print(__doc__.strip() + "\n\n" + usage + "\n" + "\n".join(f"  {k:<6} {v}" for k, v in COMMANDS.items()))
+        print(__doc__.strip() + "\n\n" + usage + "\n" + "\n".join(f"  {k:<6} {h}" for k, (_, _, h) in VERBS.items()))
         sys.exit(0)
-    if not argv or argv[0] not in COMMANDS:
-        die((f"command {argv[0]!r} is invalid" if argv else "a command is required") + f": allowed {list(COMMANDS)} "
+    if argv and argv[0] in MOVED:
+        die(f"probe.py {argv[0]} moved to {MOVED[argv[0]]}")
+    if not argv or argv[0] not in VERBS:
+        die((f"command {argv[0]!r} is invalid" if argv else "a command is required") + f": allowed {list(VERBS)} "
             f"({usage})")
     cmd, rest = argv[0], argv[1:]
     dirs = [x for x in rest if not x.startswith("-")] if cmd == "plot" else []
     # before configure: its checks would judge a refused key's value, and may make a --png/--json folder
-    foreign = {x[2:].split("=")[0] for x in rest if x.startswith("--")} & set(DEFAULTS) - USES[cmd]
+    foreign = {x[2:].split("=")[0] for x in rest if x.startswith("--")} & set(DEFAULTS) - VERBS[cmd][1]
     if foreign:  # silently ignored, a key would look applied (e.g. --norm on acc)
         die(f"{', '.join('--' + k for k in sorted(foreign))} does not apply to probe.py {cmd}: allowed "
-            f"{', '.join('--' + k for k in sorted(USES[cmd]))}")
+            f"{', '.join('--' + k for k in sorted(VERBS[cmd][1]))}")
     try:
-        a = configure(DEFAULTS, [x for x in rest if x not in dirs], f"probe.py {cmd}: {COMMANDS[cmd]}", __file__, CHECKS)
+        a = configure(DEFAULTS, [x for x in rest if x not in dirs], f"probe.py {cmd}: {VERBS[cmd][2]}", __file__, CHECKS)
     except ConfigError as e:
         die(e)
     if cmd == "plot" and not dirs:
@@ -476,56 +336,18 @@ def parse_args(argv):
         owned(a["png"], "figure", "png")  # a figure there is replaced only if this project drew it
     except ConfigError as e:
         die(e)
-    if cmd != "plot" and not a["ckpt"]:
+    if "ckpt" in VERBS[cmd][1] and not a["ckpt"]:
         die(f"{cmd} needs --ckpt=PATH")
     return cmd, dirs, a
-
-
-def acc_loops(text, model):
-    """acc's loop counts: --n_loop, or 1..K+1 (1..K for the untied copies of recurrence='none', which have no loop
-    past K: asked for explicitly, such a count is refused, not dropped)."""
-    K = model.config.n_loop
-    if not text:
-        return list(range(1, K + (1 if model.rec.copies else 2)))
-    loops = [int(n) for n in text.split(",")]
-    if model.rec.copies and max(loops) > K:
-        raise ConfigError(f"n_loop={text!r} is invalid: allowed loop counts 1..{K} for this non-looped checkpoint "
-                          f"(recurrence='none': {K} untied copies of f, no loop past them)")
-    return loops
 
 
 def run_probe(cmd, a, device):
     """A checkpoint command: (results, JSON path)."""
     out = a["json"] or beside_checkpoint(a["ckpt"], f"probe_{cmd}.json")  # before the work, not after it
     owned(out, "json")
-    model, data = load(a["ckpt"], a["data_dir"], a["raw"], tokens_ok=cmd == "exit")
-    if a["windows"] and not isinstance(data, TokenShards):
-        raise ConfigError(f"windows={a['windows']} applies to a pretraining run's validation shards; this checkpoint "
-                          "is question-answer: --splits chooses what is measured")
-    if cmd == "exit":  # every threshold checked (and exits on a non-looped checkpoint refused) before the work
-        if "," in a["n_loop"]:
-            raise ConfigError(f"n_loop={a['n_loop']!r} is invalid for probe.py exit: allowed one loop count (the most)")
-        K = int(a["n_loop"] or model.config.n_loop)
-        ts = a["exit_thresholds"].split(",")
-        if len({f"{float(t):g}" for t in ts}) < len(ts):  # results are keyed by the printed threshold
-            raise ConfigError(f"exit_thresholds={a['exit_thresholds']!r} repeats a threshold: give each once")
-        exits = [exit_option(a["exit_rule"], t, a["exit_min_loops"], model, K) for t in ts]
+    model, data = load(a["ckpt"], a["data_dir"], a["raw"])
     with torch.no_grad(), autocast(device, resolve_dtype(a["dtype"], device)):
-        if cmd == "acc":
-            res = cmd_acc(model, data, acc_loops(a["n_loop"], model))
-        elif cmd == "lens":
-            res = cmd_lens(model, data)
-        elif cmd == "exit" and isinstance(data, TokenShards):
-            if a["splits"]:
-                raise ConfigError(f"splits={a['splits']!r} names question splits: a pretraining run has one, val")
-            res = cmd_exit_tokens(model, data, exits, K, a["windows"], a["png"] or None)
-        elif cmd == "exit":
-            res = cmd_exit(model, data, exits, K, a["png"] or None, a["splits"])
-        elif cmd == "sweep":
-            res = cmd_sweep(model, data, a["norm"], [float(x) for x in a["alphas"].split(",")], a["png"] or None)
-        else:
-            res = cmd_gate(model, data)
-    return res, out
+        return VERBS[cmd][0](model, data, a), out
 
 
 def main(argv):
@@ -536,14 +358,8 @@ def main(argv):
         die(e)
     if device != "cpu":
         torch.set_default_device(device)  # data, model and every probe tensor are made there
-    try:
-        if cmd == "plot":
-            owned(a["json"], "json")
-            res = plots.plot(dirs, a["png"], a["stop_metric"], a["stop_patience"], a["at_epoch"],
-                             a["hops"])
-            json_path = a["json"] or None
-        else:
-            res, json_path = run_probe(cmd, a, device)
+    try:  # a verb reads a checkpoint (and its dataset) or, plot, run folders
+        res, json_path = run_probe(cmd, a, device) if "ckpt" in VERBS[cmd][1] else (VERBS[cmd][0](dirs, a), a["json"])
     except ERRORS as e:
         die(e)
     if json_path:

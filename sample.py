@@ -74,7 +74,8 @@ def main(argv):
         ckpt = load_checkpoint(c["ckpt"])
         enc = checkpoint_tokenizer(ckpt, c["ckpt"])  # a tokenizer with ids the model has no row for: one line
         model = model_from_checkpoint(ckpt, use_ema=not c["raw"]).to(device).eval()
-        exits = exit_option(c["exit_rule"], c["exit_threshold"], c["exit_min_loops"], model, c["n_loop"] or None)
+        exits = exit_option(c["exit_rule"], c["exit_threshold"], c["exit_min_loops"], model, c["n_loop"] or None,
+                            c["ckpt"])  # 'gate': the gate trained beside the checkpoint
         spec = spec_option(c["speculative_draft_loops"], c["speculative_len"], model, c["n_loop"] or None, exits,
                            c["use_cache"])
         ids = enc.encode_ordinary(start) or ([enc.eot_token] if enc.eot_token is not None else [])
@@ -94,7 +95,7 @@ def main(argv):
                 print("---------------")
         if exits is not None:  # on stderr: stdout stays the samples
             loops, K = torch.cat([t.flatten() for t in exits.loops]).float(), c["n_loop"] or model.config.n_loop
-            print(f"adaptive depth ({c['exit_rule']} {c['exit_threshold']}): {loops.mean():.3f} loops per token of {K} "
+            print(f"adaptive depth ({exits.rule} {exits.threshold:g}): {loops.mean():.3f} loops per token of {K} "
                   f"over {loops.numel()} token passes, {1 - loops.mean() / K:.1%} of the looped blocks saved", file=sys.stderr)
         if spec is not None:
             print(spec.summary(), file=sys.stderr)

@@ -169,7 +169,10 @@ class QAData:
         start = int(self.row_join[joined].max())  # ... since this one (its phase's epochs count from here)
         spe = max(1, len(rows) // global_batch)
         epoch, step = divmod(it - start, spe)
-        perm = np.random.default_rng([seed, epoch] if start == 0 else [seed, start, epoch]).permutation(len(rows))
+        key = ([seed, epoch] if start == 0 else [seed, start, epoch], len(rows))
+        if getattr(self, "_perm", (None,))[0] != key:  # drawn once an epoch, not once a step (most of a step's host time)
+            self._perm = (key, np.random.default_rng(key[0]).permutation(len(rows)))
+        perm = self._perm[1]
         idx = rows[perm[step * global_batch:(step + 1) * global_batch]]
         loops = None
         if self.loops_by_hops:  # extras drawn for the global batch, so every rank and micro-step agrees

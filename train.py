@@ -205,21 +205,10 @@ def evaluate(m, stop):
     SIGTERM does not wait for a long evaluation (the resumed run evaluates this iteration instead)."""
     m.eval()
     # eager: compile=True compiles the training step's one graph, not one more per evaluation shape and grad mode
-    with torch.compiler.set_stance("force_eager"):
+    with torch.compiler.set_stance("force_eager") if compile else contextlib.nullcontext():  # (importing it: seconds)
         out = data.evaluate(m, eval_batch_size, device=device, ctx=ctx, should_stop=stop.is_set)
     m.train()
     return out
-
-
-def forward_backward(m, x, y, loops, ctx, scaler, accum, no_sync, sparse):
-    """One micro-batch: the loss (a scalar: no (B, T, V) logits are ever built) and its gradients, accumulated;
-    no_sync: DDP keeps them local (they are all-reduced on the last micro-step); sparse: only the rows with a
-    target (QA answers) reach the head; loops: each row's loop count (loops_by_hops) or None."""
-    with m.no_sync() if no_sync else contextlib.nullcontext():
-        with ctx:
-            loss = m(x, y, sparse_targets=sparse, loops=loops)[1] / accum
-        scaler.scale(loss).backward()
-    return loss.detach().float()
 
 
 def nonfinite_anywhere(flag, with_state):
@@ -288,17 +277,36 @@ if eval_only:  # evaluate the checkpoint in out_dir, append one row, change noth
     sys.exit(0)
 
 
-def micro_steps(it):
-    """One optimization step's gradients, accumulated over this rank's micro-batches with no host sync; returns the
-    summed loss (on the device, read back only when logging)."""
+def batches(it):  # this rank's micro-batches of iteration it on the device: [(x, y, loops)]
+    pin = device_type == "cuda"
+    return [tuple(t if t is None else (t.pin_memory() if pin else t).to(device, non_blocking=pin) for t in
+                  data.get_batch(it, global_batch, rank * accum_local + m, gradient_accumulation_steps, seed))
+            for m in range(accum_local)]
+
+
+def train_step(micro_batches):
+    """One optimization step with no host sync (cuda_graph=True replays it whole: stepgraph.py): each micro-batch's loss
+    (a scalar: no (B, T, V) logits are ever built) and gradients (DDP all-reduces them on the last micro-step), the
+    clip, the optimizers' step, the weight average; returns the summed loss, on the device (read when logging)."""
     loss_sum = torch.zeros((), device=device)
-    for micro in range(accum_local):
-        # this rank's micro-batch: (batch_size, seq_len) tokens and targets
-        batch = data.get_batch(it, global_batch, rank * accum_local + micro, gradient_accumulation_steps, seed)
-        pin = device_type == "cuda"  # (x, y, loops): loops = each row's loop count (loops_by_hops) or None
-        x, y, loops = (t if t is None else (t.pin_memory() if pin else t).to(device, non_blocking=pin) for t in batch)
-        last_micro = micro == accum_local - 1  # DDP all-reduces the gradients on the last micro-step only
-        loss_sum += forward_backward(model, x, y, loops, ctx, scaler, accum_local, ddp and not last_micro, sparse)
+    for m, (x, y, loops) in enumerate(micro_batches):  # loops: each row's loop count (loops_by_hops) or None
+        with model.no_sync() if ddp and m < accum_local - 1 else contextlib.nullcontext():
+            with ctx:  # sparse: only the rows with a target (QA answers) reach the head; a graph's shapes are fixed
+                loss = model(x, y, sparse_targets=sparse and not cuda_graph, loops=loops)[1] / accum_local
+            scaler.scale(loss).backward()
+        loss_sum += loss.detach().float()
+    if grad_clip > 0:
+        for opt in optimizers:
+            scaler.unscale_(opt)
+        nonfinite.logical_or_(~torch.isfinite(torch.nn.utils.clip_grad_norm_(raw_model.parameters(), grad_clip)))
+    nonfinite.logical_or_(~torch.isfinite(loss_sum))
+    for opt in optimizers:
+        scaler.step(opt)
+        opt.zero_grad(set_to_none=True)
+    scaler.update()
+    if ema is not None:
+        with torch.no_grad():
+            torch._foreach_lerp_(list(ema.parameters()), list(raw_model.parameters()), 1 - ema_decay)
     return loss_sum
 
 
@@ -318,9 +326,13 @@ def step_failed(e, compiled_once):
     print(f"warning: torch.compile failed ({why}); running eager", file=sys.stderr)
     raw_model.compile_blocks(enable=False)
     raw_model.zero_grad(set_to_none=True)
-    return micro_steps(iter_num)
+    return step(batches(iter_num))
 
 
+step = train_step
+if cuda_graph:
+    from stepgraph import graphed  # loaded only by the runs that ask for a graph (where it cannot be: one line, exit 2)
+    step = graphed(train_step, optimizers, raw_model, device, ddp, dtype)
 nonfinite = torch.zeros((), dtype=torch.bool, device=device)  # set on the device, read when logging or saving
 saved_at = iter_num if init_from == "resume" else -1  # the iteration in ckpt.pt (-1: none yet)
 resumed_at = iter_num if init_from == "resume" else -1  # where this process took over
@@ -377,29 +389,16 @@ while True:
             break
     first_pass = False
 
-    # ---- one optimization step: gradients accumulated over micro-batches, no host sync ----
+    # ---- one optimization step (train_step: gradients over the micro-batches, clip, optimizers, EMA), no host sync ----
     lr = get_lr(iter_num)
     for opt in optimizers:
-        for group in opt.param_groups:
-            group["lr"] = lr
+        for group in opt.param_groups:  # a captured step reads its lr from a device tensor (stepgraph.py)
+            group["lr"] = group["lr"].fill_(lr) if torch.is_tensor(group["lr"]) else lr
     try:
-        loss_sum = micro_steps(iter_num)
+        loss_sum = step(batches(iter_num))
     except Exception as e:  # an allocation failure gets the step's own advice; a failed first compile runs eager
         loss_sum = step_failed(e, compiled_once)
     compiled_once = True
-    if grad_clip > 0:
-        for opt in optimizers:
-            scaler.unscale_(opt)
-        nonfinite |= ~torch.isfinite(torch.nn.utils.clip_grad_norm_(raw_model.parameters(), grad_clip))
-    nonfinite |= ~torch.isfinite(loss_sum)
-    for opt in optimizers:
-        scaler.step(opt)
-    scaler.update()
-    for opt in optimizers:
-        opt.zero_grad(set_to_none=True)
-    if ema is not None:
-        with torch.no_grad():
-            torch._foreach_lerp_(list(ema.parameters()), list(raw_model.parameters()), 1 - ema_decay)
     iter_num += 1
     if master:
         bar.update(1)

@@ -3,6 +3,8 @@ train.py's keys: each key's default and meaning (--help prints the comment on it
 and when it acts (ACTIVE). The checks that need the opened dataset live beside it (dataloader.check_with_data). Model keys are GPTConfig's (model.py), checked there.
 Importable without running training, so bench.py plans and times a training config with the same keys.
 """
+import os
+
 import torch
 
 from common import SYSTEM_CHECKS, ConfigError
@@ -62,6 +64,7 @@ device = "auto"              # 'auto' | 'cpu' | 'cuda' | 'cuda:1' | 'mps'
 dtype = "auto"               # 'auto' | 'float32' | 'bfloat16' | 'float16'
 compile = False              # torch.compile each block on its own (GPT.compile_blocks; a failure is reported, not silent)
 compile_mode = "default"     # torch.compile's mode with compile=True: 'default' | 'reduce-overhead' (CUDA graphs, for launch-bound small models) | 'max-autotune-no-cudagraphs'
+cuda_graph = False           # capture the whole training step (forward, backward, clip, AdamW, EMA) once and replay it as one CUDA graph (stepgraph.py: for launch-bound small models; one process, adamw, not float16); the loss then runs over every row, -1 targets masked (the same numbers up to rounding); off CUDA the same step runs without a graph
 seed = 0                     # seed of weights, data order and dropout (>= 0)
 threads = 0                  # CPU threads (0 = torch default)
 peak_flops = 0.0             # per-device peak FLOP/s for MFU (0 = report TFLOP/s only; bench.py measures one)
@@ -140,6 +143,17 @@ def check(config, stated=None):
     if config["decay_lr"] and config["min_lr"] > config["learning_rate"]:  # a constant rate never reaches min_lr
         raise ConfigError(f"min_lr={config['min_lr']} is above learning_rate={config['learning_rate']}: "
                           "the schedule decays to min_lr, so allowed min_lr <= learning_rate")
+    cuda = config["device"].startswith("cuda") or config["device"] == "auto" and torch.cuda.is_available()
+    if config["phi_kernel"] == "fused" and not cuda and os.environ.get("TRITON_INTERPRET") != "1":  # not at step 1
+        raise ConfigError(f"phi_kernel='fused' (a Triton kernel) needs a CUDA device, not device={config['device']!r} "
+                          "here: allowed 'auto', 'bag' or 'csr' (or TRITON_INTERPRET=1, Triton's interpreter, for tests)")
+    # what a captured step cannot hold (stepgraph.py): Muon's float lr (frozen in the graph), float16's loss scaling (it
+    # syncs every step), reduce-overhead's CUDA graphs of its own
+    graph_bad = [k for k, bad in (("optimizer", config["optimizer"] != "adamw"), ("dtype", config["dtype"] == "float16"),
+                                  ("compile_mode", config["compile"] and config["compile_mode"] == "reduce-overhead")) if bad]
+    if config["cuda_graph"] and graph_bad:
+        raise ConfigError(f"cuda_graph=True cannot run with {graph_bad[0]}={config[graph_bad[0]]!r}: allowed optimizer="
+                          "'adamw', a dtype other than 'float16', a compile_mode other than 'reduce-overhead'; or cuda_graph=False")
     # the model keys' one validator; vocab_size 0 is the data's, checked against it in dataloader.check_with_data
     GPTConfig.from_dict({**config, "vocab_size": config["vocab_size"] or max(1, config["phi_topk"])})
     return check_inert(config, defaults(), {**GPTConfig.ACTIVE, **ACTIVE}, stated or {})

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# The adaptive-depth measurement of RESULTS.md ("Adaptive depth"): probe.py exit on the config/hops.py runs, DiscoLoop
+# The adaptive-depth measurement of RESULTS.md ("Adaptive depth"): exits.py on the config/hops.py runs, DiscoLoop
 # (out/exit_disco) and the vanilla loop (out/exit_loop), each trained by
 #   timeout -s TERM 2400 python train.py config/hops.py [--recurrence=loop] --out_dir=out/exit_R --threads=1
 # JSON results land in out/exit/. Usage: bash .ci/exit_measure.sh
 # The language half: bash .ci/exit_measure.sh language, on the config/pretrain_small.py runs out/small_disco and
 # out/small_loop (python train.py config/pretrain_small.py [--recurrence=loop] --out_dir=out/small_R --threads=1):
-# validation loss (probe.py exit on token shards) and LAMBADA-style last-word accuracy of the held-out play
+# validation loss (exits.py on token shards) and LAMBADA-style last-word accuracy of the held-out play
 # (eval_harness.py) against mean loops per token, fixed loop counts beside them; then SmolLM2 continued as a loop.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -13,7 +13,7 @@ mkdir -p out/exit
 if [ "${1:-}" = language ]; then
   set -x
   for R in disco loop; do
-    V="python probe.py exit --ckpt=out/small_$R --windows=256 --threads=1"
+    V="python exits.py --ckpt=out/small_$R --windows=256 --threads=1"
     $V --exit_thresholds=0.3,0.5,0.7,0.9,0.95 --json=out/exit/small_${R}_prob1.json --png=assets/exit_small_${R}_prob.png
     $V --exit_thresholds=0.5,0.7,0.9 --exit_min_loops=2 --json=out/exit/small_${R}_prob2.json
     $V --exit_thresholds=0.5,0.7,0.9 --exit_min_loops=3 --json=out/exit/small_${R}_prob3.json
@@ -35,13 +35,13 @@ if [ "${1:-}" = language ]; then
   [ -f data/benchmarks/out/meta.json ] || python data/benchmarks/prepare.py
   E="python eval_harness.py --tasks=lambada_openai_local --include_path=data/benchmarks/out --limit=100 --threads=1 --dtype=float32"
   for R in disco loop; do
-    python probe.py exit --ckpt=out/smol_$R --windows=64 --threads=1 --exit_thresholds=0.3,0.5,0.7,0.9 --json=out/exit/smol_${R}_prob.json
+    python exits.py --ckpt=out/smol_$R --windows=64 --threads=1 --exit_thresholds=0.3,0.5,0.7,0.9 --json=out/exit/smol_${R}_prob.json
     for N in 1 2; do $E --ckpt=out/smol_$R --n_loop=$N --json=out/exit/smol_lambada_${R}_n$N.json; done
     for T in 0.5 0.9; do $E --ckpt=out/smol_$R --exit_rule=prob --exit_threshold=$T --json=out/exit/smol_lambada_${R}_prob$T.json; done
   done
   exit 0
 fi
-P="python probe.py exit --data_dir=data/symbolic/pad2 --threads=1"
+P="python exits.py --data_dir=data/symbolic/pad2 --threads=1"
 S="--splits=train_atom,test_id,test_ood,test_id_3hop,test_ood_3hop"
 D=out/exit_disco; L=out/exit_loop
 set -x

@@ -5,23 +5,30 @@
 # limit keeps what it finished, and the summary says "out of time" for it (never "compile failed").
 # Usage: OUT=out/gpu bash .ci/gpu.sh    (exit 0: every step ran and exited 0; 1: some did not, the summary says which)
 # DRY=1 runs the same steps and configs on the CPU at toy sizes, under its own limits (tests/test_bench.py runs it).
-# Budget (RESULTS.md, "The device check's budget"): the limits of steps 1-6 sum to DEADLINE; 7-9 run on what is left.
+# The order is the value of each figure (issue 61): the fused Phi against its matmul, the compiled loop and DiscoLoop
+# under the checkpointing policy 'auto' picks (MFU, DiscoLoop / loop, peak vs plan), the main job as one CUDA graph,
+# the GPU tests, then the comparisons. GPU limits sum past DEADLINE on purpose: a step that runs out of time keeps its
+# rows, and later steps are skipped with a line. DRY=1 gives every step all the time it needs (a busy CPU must not
+# fail a correct tree): its test asserts that each step ran its code path, not how fast.
 #   0. versions, GPU, CPU count; missing modules are one line    -> device.txt
 #      (the memory plans, device-independent, start in the background, once per config: plan_*.json, not returned)
-#   1. tests/test_cuda.py (do the GPU paths work at all?)        -> test_cuda.log
-#   2. compiled step at 440M, the vanilla loop, cold Inductor    -> step.log, step.jsonl (a row per variant)
-#   3. compiled step at 440M, DiscoLoop, cold Inductor           -> step.log, step.jsonl
-#   4. lab/phi.py --compile=True: every Phi kernel at 440M        -> phi.log (+ phi.jsonl rows)
-#   5. the symbolic job, eager, stopped at 0.99 / 0.95           -> symbolic.log
-#   6. lab/sdpa.py: the attention backend and each one's time    -> step.log (sdpa rows in step.jsonl)
-#   7. compiled PonderLM, 8. the symbolic job with CUDA graphs and per block, 9. eager loop + DiscoLoop
+#   1. lab/phi.py --compile=True: every Phi kernel, fused first   -> phi.log, phi.jsonl
+#   2. the symbolic job, the whole step one CUDA graph, to 0.99 / 0.95 -> symbolic.log
+#   3. compiled step at 440M, loop + DiscoLoop, policy 'auto'     -> step.log, step.jsonl (a row per variant)
+#   4. tests/test_cuda.py (the GPU paths: fused Phi, CUDA graph, policies) -> test_cuda.log
+#   5. compiled step, loop + DiscoLoop, policy 'block' (the old default)   -> step.jsonl
+#   6. compiled step, DiscoLoop, phi_kernel='fused'                         -> step.jsonl
+#   7. lab/sdpa.py: the default attention backend (cuDNN read first) and each one's time -> step.jsonl
+#   8. .ci/job_ab.py: a0d70e6's symbolic step, this tree's, and the CUDA graph's, side by side (OLD: JOB_AB_OLD,
+#      default out/a0d70e6.tar.gz, carried; skipped with a line when absent)                -> symbolic.log
+#   9. the symbolic job, eager; 10. compiled PonderLM; 11. eager loop + DiscoLoop
 # Files back (8): summary.txt device.txt test_cuda.log step.log step.jsonl phi.log phi.jsonl symbolic.log
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-out/gpu}; DRY=${DRY-0}  # unset: 0; set but empty: invalid
 bad() { echo "error: $1" >&2; exit 2; }
 [[ "$DRY" =~ ^[01]$ ]] || bad "DRY=$DRY is invalid: allowed 0 (the GPU) or 1 (the CPU at toy sizes)"
-if [ "$DRY" = 1 ]; then DEADLINE=${DEADLINE:-300}; else DEADLINE=${DEADLINE:-375}; fi
+if [ "$DRY" = 1 ]; then DEADLINE=${DEADLINE:-3600}; else DEADLINE=${DEADLINE:-375}; fi
 [[ "$DEADLINE" =~ ^[1-9][0-9]{0,4}$ ]] || bad "DEADLINE=$DEADLINE is invalid: allowed a whole number of seconds, 1 to 99999"
 mkdir -p "$OUT" 2> /dev/null || bad "OUT=$OUT cannot be made (a file in its way?): choose a folder"
 [ -z "$(ls -A "$OUT")" ] || bad "OUT=$OUT is not empty: the logs append, so choose a new folder"
@@ -36,18 +43,19 @@ START=$(date +%s); WORK=$(mktemp -d); KIDS=""
 cleanup() { [ -n "$KIDS" ] && kill -TERM $KIDS 2> /dev/null; wait 2> /dev/null; rm -rf "$WORK"; }
 trap 'cleanup' EXIT
 trap 'echo "gpu.sh: stopped by a signal" >> "$OUT/summary.txt"; exit 143' TERM INT
-if [ "$DRY" = 1 ]; then  # the real configs and commands, at toy sizes, on the CPU; limits for a busy 2-core CPU
+if [ "$DRY" = 1 ]; then  # the real configs and commands, at toy sizes, on the CPU; no step is cut for time
   TOY="--n_layer=2 --n_embd=32 --n_head=2 --n_hidden=64 --block_size=32 --batch_size=2 --vocab_size=257 --phi_chunk=16 --loss_chunk=16 --device=cpu --dtype=float32 --threads=1"
   STEP="$TOY --steps=1 --warmup=0"; PHI="$TOY --iters=1 --warmup=0"; SDPA="$TOY --iters=1 --warmup=0"
   SYM="--device=cpu --n_embd=32 --n_head=2 --batch_size=64 --max_iters=4 --eval_interval=2 --threads=1 ${SYMBOLIC_ARGS:-}"
-  PYTEST_ARGS="-q -x"
-  L_TEST=60 L_LOOP=80 L_DISCO=80 L_PHI=70 L_SYM=45 L_SDPA=30 L_PONDER=80 L_SYM2=60 L_EAGER=40
+  PYTEST_ARGS="-q -x"; AB="--dry"
+  export TRITON_INTERPRET=1  # the fused kernel's own code, in Triton's interpreter
+  L_PHI=900 L_AUTO=900 L_GRAPH=900 L_TEST=900 L_BLOCK=900 L_FUSED=900 L_SDPA=900 L_AB=900 L_SYM=900 L_PONDER=900 L_EAGER=900
 else
   STEP="--steps=3 --warmup=1"; PHI="--iters=3 --warmup=1"; SDPA="--iters=5 --warmup=1"; SYM="--device=cuda"
-  PYTEST_ARGS="-q -x -n 3"
-  # measured on an H200 (RESULTS.md, "The device check's budget"): test_cuda 100 s alone, 80+ beside the plans;
-  # compiled loop 49 s, DiscoLoop 52, PonderLM 61; lab/phi.py 40; lab/sdpa.py 13; the symbolic job 63 eager
-  L_TEST=110 L_LOOP=60 L_DISCO=60 L_PHI=50 L_SYM=70 L_SDPA=20 L_PONDER=70 L_SYM2=60 L_EAGER=60
+  PYTEST_ARGS="-q -x -n 3"; AB=""
+  # measured on an H200 (RESULTS.md, "The device check's budget"): test_cuda 100 s alone; a compiled variant 49-61 s
+  # cold (two in one process: the second reuses the first's kernels); lab/phi.py 40; lab/sdpa.py 13; symbolic 63 eager
+  L_PHI=50 L_AUTO=110 L_GRAPH=45 L_TEST=100 L_BLOCK=90 L_FUSED=60 L_SDPA=20 L_AB=150 L_SYM=70 L_PONDER=70 L_EAGER=60
 fi
 
 left() { echo $(( DEADLINE - ($(date +%s) - START) )); }
@@ -84,33 +92,45 @@ EOF
 } > "$OUT/device.txt" 2>&1
 # the memory plans: fake tensors on the CPU, the same on any device; made once per config while the GPU tests run,
 # on 2 threads each (16 threads each starved test_cuda's compiles on the H200)
-PLAN=$WORK/plan_pretrain.json; PLAN_P=$WORK/plan_ponder.json
-python bench.py step config/pretrain.py $([ "$DRY" = 1 ] && echo "$TOY") --variants=loop,disco --steps=0 --threads=2 --plan_cache="$PLAN" > "$WORK/plan.log" 2>&1 &
-KIDS_BG=$!
-python bench.py step config/pretrain_ponder.py $([ "$DRY" = 1 ] && echo "$TOY") --variants=ponder --steps=0 --threads=2 --plan_cache="$PLAN_P" > "$WORK/plan_p.log" 2>&1 &
+PLAN=$WORK/plan_pretrain.json; PLAN_P=$WORK/plan_ponder.json; T=$([ "$DRY" = 1 ] && echo "$TOY")
+# one writer per cache: the policies 'auto' plans (until one fits this GPU), then 'block''s, in one background job
+( for ac in auto block; do python bench.py step config/pretrain.py $T --variants=loop,disco --steps=0 --threads=2 \
+    --activation_checkpointing=$ac --plan_cache="$PLAN"; done ) > "$WORK/plan.log" 2>&1 &
+PLAN_PID=$!; KIDS_BG=$PLAN_PID
+python bench.py step config/pretrain_ponder.py $T --variants=ponder --steps=0 --threads=2 --plan_cache="$PLAN_P" > "$WORK/plan_p.log" 2>&1 &
 KIDS_BG="$KIDS_BG $!"; KIDS=$KIDS_BG
 
-step "1 tests/test_cuda.py" $L_TEST test_cuda.log python -m pytest $PYTEST_ARGS tests/test_cuda.py
-for v in loop disco; do
-  step "$([ $v = loop ] && echo 2 || echo 3) compiled step, $v, 440M" $([ $v = loop ] && echo $L_LOOP || echo $L_DISCO) step.log \
-    $(cold) python bench.py step config/pretrain.py $STEP --compile=True --variants=$v --plan_cache="$PLAN" --json="$OUT/step.jsonl"
-done
-step "4 lab/phi.py --compile=True, every kernel" $L_PHI phi.log \
+step "1 lab/phi.py --compile=True, every kernel" $L_PHI phi.log \
   $(cold) python lab/phi.py config/pretrain.py $PHI --compile=True --json="$OUT/phi.jsonl"
+compiled() {  # compiled NAME LIMIT ARGS...: a compiled 440M step, its rows into step.jsonl
+  local name=$1 limit=$2; shift 2
+  step "$name" "$limit" step.log $(cold) python bench.py step config/pretrain.py $STEP --compile=True --plan_cache="$PLAN" \
+    --json="$OUT/step.jsonl" "$@"
+}
 # the symbolic job: a watcher stops it once test_id >= 0.99 and test_ood >= 0.95 (train.py's own rule is unchanged)
-symbolic() {  # symbolic NAME LIMIT COMPILE MODE
-  local run=$WORK/symbolic_$4_$3 n; n=$(cat "$OUT/symbolic.log" 2> /dev/null | wc -l)
-  step "$1" "$2" symbolic.log $(cold) python .ci/first_reached.py "$run/metrics.jsonl" "acc/test_id>=0.99" "acc/test_ood>=0.95" \
-    -- python train.py config/symbolic.py --out_dir="$run" --compile="$3" --compile_mode="$4" $SYM
+symbolic() {  # symbolic NAME LIMIT TAG ARGS...
+  local name=$1 limit=$2 run=$WORK/symbolic_$3 n; shift 3; n=$(cat "$OUT/symbolic.log" 2> /dev/null | wc -l)
+  step "$name" "$limit" symbolic.log $(cold) python .ci/first_reached.py "$run/metrics.jsonl" "acc/test_id>=0.99" \
+    "acc/test_ood>=0.95" -- python train.py config/symbolic.py --out_dir="$run" $SYM "$@"
   tail -n +$((n + 1)) "$OUT/symbolic.log" 2> /dev/null | grep -h "first at\|not reached" | tail -1 >> "$OUT/summary.txt"
 }
-symbolic "5 symbolic, eager (the fastest on an H200)" $L_SYM False default
-step "6 lab/sdpa.py, attention backends at 440M" $L_SDPA step.log python lab/sdpa.py config/pretrain.py $SDPA --json="$OUT/step.jsonl"
-step "7 compiled step, PonderLM, 440M" $L_PONDER step.log \
+symbolic "2 symbolic, the whole step one CUDA graph" $L_GRAPH graph --cuda_graph=True
+wait $PLAN_PID 2> /dev/null  # the plans the compiled steps read (made while steps 1-2 ran)
+compiled "3 compiled step, loop + DiscoLoop, policy auto, 440M" $L_AUTO --variants=loop,disco --activation_checkpointing=auto
+step "4 tests/test_cuda.py" $L_TEST test_cuda.log python -m pytest $PYTEST_ARGS -p no:benchmark tests/test_cuda.py
+compiled "5 compiled step, loop + DiscoLoop, policy block, 440M" $L_BLOCK --variants=loop,disco --activation_checkpointing=block
+compiled "6 compiled step, DiscoLoop, fused Phi, 440M" $L_FUSED --variants=disco --phi_kernel=fused
+step "7 lab/sdpa.py, attention backends at 440M" $L_SDPA step.log python lab/sdpa.py config/pretrain.py $SDPA --json="$OUT/step.jsonl"
+OLD=${JOB_AB_OLD:-out/a0d70e6.tar.gz}
+if [ -e "$OLD" ]; then
+  step "8 job_ab: a0d70e6, this tree, the CUDA graph" $L_AB symbolic.log python .ci/job_ab.py "$OLD" $AB --variants=old,new,graph
+else
+  echo "8 job_ab: skipped, no $OLD (git archive -o out/a0d70e6.tar.gz a0d70e6, carried)" >> "$OUT/summary.txt"
+fi
+symbolic "9 symbolic, eager" $L_SYM eager
+step "10 compiled step, PonderLM, 440M" $L_PONDER step.log \
   $(cold) python bench.py step config/pretrain_ponder.py $STEP --compile=True --variants=ponder --plan_cache="$PLAN_P" --json="$OUT/step.jsonl"
-symbolic "8a symbolic, per block + CUDA graphs" $L_SYM2 True reduce-overhead
-symbolic "8b symbolic, per block" $L_SYM2 True default
-step "9 eager step, loop + DiscoLoop, 440M" $L_EAGER step.log \
+step "11 eager step, loop + DiscoLoop, 440M" $L_EAGER step.log \
   python bench.py step config/pretrain.py $STEP --compile=False --variants=loop,disco --plan_cache="$PLAN" --json="$OUT/step.jsonl"
 wait  # the background plans (finished long before)
 echo "total $(( $(date +%s) - START )) s of DEADLINE=$DEADLINE; every step ok: $([ $FAILED = 0 ] && echo yes || echo no)" >> "$OUT/summary.txt"

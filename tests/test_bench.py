@@ -185,26 +185,29 @@ def test_bench_compile_per_block_against_eager_and_whole():
 
 def test_gpu_device_check_dry_runs_on_cpu(tiny_data, tmp_path):
     """.ci/gpu.sh, the one device call, runs every step on the CPU (DRY=1: the real configs and commands at toy sizes,
-    compile included (one Inductor cache for every variant: cold compiles are the GPU run's figure), under the dry
-    run's own limits and DEADLINE=300, below this test's timeout), each exiting 0,
-    each row where it belongs, its files within the 8 that come back. Checked on torch 2.11 too (RESULTS.md)."""
+    compile included, the fused Phi in Triton's interpreter, job_ab against this very tree). Every step is given all
+    the time it needs: the test asserts that each ran its real code path (its exit and its rows), never how fast, so a
+    slow or busy machine cannot fail a correct tree; the timeout only keeps a hang from stalling the suite."""
     from conftest import TINY_DATA_ARGS
     out = tmp_path / "gpu"
-    env = dict(os.environ, OUT=str(out), DRY="1", OMP_NUM_THREADS="1",
+    env = dict(os.environ, OUT=str(out), DRY="1", OMP_NUM_THREADS="1", JOB_AB_OLD=REPO,
                SYMBOLIC_ARGS=f"--data_dir={tiny_data} --data_args={json.dumps(TINY_DATA_ARGS).replace(' ', '')}")
-    r = subprocess.run(["bash", ".ci/gpu.sh"], cwd=REPO, env=env, capture_output=True, text=True, timeout=330)
+    r = subprocess.run(["bash", ".ci/gpu.sh"], cwd=REPO, env=env, capture_output=True, text=True, timeout=2400)
     summary = (out / "summary.txt").read_text()
     steps = [line for line in summary.splitlines() if ": exit " in line]
-    assert r.returncode == 0 and len(steps) == 10 and all(": exit 0 " in s for s in steps), summary
-    assert summary.count("acc/test_id>=0.99 and acc/test_ood>=0.95") == 3 and "every step ok: yes" in summary, summary
+    assert r.returncode == 0 and len(steps) == 11 and all(": exit 0 " in s for s in steps), summary
+    assert summary.count("acc/test_id>=0.99 and acc/test_ood>=0.95") == 2 and "every step ok: yes" in summary, summary
     assert sorted(os.listdir(out)) == sorted(["summary.txt", "device.txt", "test_cuda.log", "step.log", "step.jsonl",
                                               "phi.log", "phi.jsonl", "symbolic.log"]), os.listdir(out)
     rows = [json.loads(line) for line in open(out / "step.jsonl")]
-    assert [x["row"] for x in rows if "step_ms" in x] == ["loop", "disco", "ponder", "loop", "disco"], rows
+    timed = [x for x in rows if "step_ms" in x]
+    assert [x["row"] for x in timed] == ["loop", "disco", "loop", "disco", "disco", "ponder", "loop", "disco"], rows
     assert {x["row"] for x in rows if "backend" in x} >= {"default", "math"}
-    compiled = [x for x in rows if "step_ms" in x][:3]
-    assert all(x["graphs"] >= 1 and x["recompiles"] == 0 for x in compiled), compiled
-    assert "| bag |" in (out / "phi.log").read_text() and "torch" in (out / "device.txt").read_text()
+    assert all(x["graphs"] >= 1 and x["recompiles"] == 0 for x in timed[:6]), timed  # every compiled step
+    phi = (out / "phi.log").read_text()
+    assert "| bag |" in phi and "| fused |" in phi and "torch" in (out / "device.txt").read_text()
+    sym = (out / "symbolic.log").read_text()
+    assert "--cuda_graph=True" in sym and all(f"| {v} |" in sym for v in ("old", "new", "graph")), sym[-3000:]
     for bad, needle in ((dict(OUT=str(out)), "is not empty"), (dict(DRY="true"), "DRY=true"),
                         (dict(DEADLINE="abc"), "DEADLINE=abc"), (dict(OUT=str(out / "phi.log" / "x")), "cannot be made")):
         r = subprocess.run(["bash", ".ci/gpu.sh"], cwd=REPO, env={**env, "OUT": str(tmp_path / "new"), **bad},

@@ -17,7 +17,7 @@ from precision import pick_cpu_dtype
 SCRIPTS = [["train.py"], ["eval_harness.py"], ["bench.py"], ["bench.py", "plan"], ["lab/breaks.py"],
            ["lab/compile.py"], ["lab/phi.py"], ["lab/sdpa.py"],
            ["data/symbolic/prepare.py"], ["data/nl/prepare.py"], ["data/pretrain/prepare.py"], ["data/pretrain/local_task.py"],
-           ["sample.py"], ["bench.py", "sample"], ["bench.py", "step"]] \
+           ["sample.py"], ["bench.py", "sample"], ["bench.py", "step"], ["exits.py"], ["exits.py", "gate"]] \
     + [["probe.py", cmd] for cmd in ("acc", "lens", "sweep", "gate", "plot")]
 
 

@@ -86,3 +86,89 @@ def test_memory_check_refuses_what_cannot_fit(tmp_path):
     assert r.returncode == 2 and "the memory plan needs" in r.stderr and len(r.stderr.strip().splitlines()) == 1, \
         r.stderr[-2000:]
     assert not os.path.exists(tmp_path / "run" / "ckpt.pt")
+
+
+def test_symbolic_with_the_step_as_one_cuda_graph(tiny_data, tmp_path):
+    """cuda_graph=True (stepgraph.py): captured after its warm-up, the run's losses follow eager's to bf16 noise, and
+    its checkpoint holds the eager optimizer form, which an eager run resumes."""
+    out, eager = str(tmp_path / "graph"), str(tmp_path / "eager")
+    for o, g in ((out, True), (eager, False)):
+        r = run(tiny_train_args(tiny_data, o, "--max_iters=20", "--eval_interval=10", "--log_interval=5", *CUDA,
+                                f"--cuda_graph={g}"), timeout=600)
+        assert r.returncode == 0, r.stderr[-3000:]
+        assert ("CUDA graph: the training step is captured" in r.stdout) == g and "capture" not in r.stderr, r.stderr
+    for a, b in zip(rows(eager), rows(out)):
+        assert a["iter"] == b["iter"] and abs(a["loss/val_id"] - b["loss/val_id"]) < 2e-2 * abs(a["loss/val_id"]), (a, b)
+    group = torch.load(os.path.join(out, "ckpt.pt"), weights_only=True)["optimizers"][0]["param_groups"][0]
+    assert type(group["lr"]) is float and group["capturable"] is False
+    r = run(tiny_train_args(tiny_data, out, "--max_iters=30", "--eval_interval=10", *CUDA, "--cuda_graph=False",
+                            "--init_from=resume"), timeout=600)
+    assert r.returncode == 0 and rows(out)[-1]["iter"] == 30, r.stderr[-3000:]
+
+
+def _graph_parts(sync=False):
+    """A small fp32 model, a fused AdamW, a weight average and a step in train.py's shape (micro-batches, clip, flags)."""
+    import copy
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 4)).cuda()
+    ema, opt = copy.deepcopy(m).requires_grad_(False), torch.optim.AdamW(m.parameters(), lr=1.0, fused=True)
+    flag = torch.zeros((), dtype=torch.bool, device="cuda")
+
+    def step(micro_batches):
+        loss_sum = torch.zeros((), device="cuda")
+        for x, y in micro_batches:
+            loss = torch.nn.functional.cross_entropy(m(x), y) / len(micro_batches)
+            loss.backward()
+            loss_sum += loss.detach()
+        if sync and loss_sum.item() < 0:  # a host sync: what a graph cannot hold
+            pass
+        flag.logical_or_(~torch.isfinite(torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)))
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        torch._foreach_lerp_(list(ema.parameters()), list(m.parameters()), 0.1)
+        return loss_sum
+    return m, ema, opt, step
+
+
+@pytest.mark.parametrize("sync", [False, True])
+def test_step_graph_replays_the_eager_step(sync, capsys):
+    """StepGraph: WARMUP eager steps, one capture, replays reading each step's batch and learning rate (lrs that float32
+    holds exactly); the losses and weights equal the plain eager loop's. A step with a host sync is one warning and
+    runs eager, with the same numbers."""
+    from stepgraph import WARMUP, StepGraph
+    torch.manual_seed(1)
+    data = [[(torch.randn(8, 16, device="cuda"), torch.randint(0, 4, (8,), device="cuda")) for _ in range(2)]
+            for _ in range(WARMUP + 5)]
+    got = []
+    for graph in (False, True):
+        m, ema, opt, step = _graph_parts(sync)
+        run_step = StepGraph(step, [opt], m, "cuda") if graph else step
+        losses = []
+        for k, mbs in enumerate(data):
+            for g in opt.param_groups:  # train.py's line: a captured step reads its lr from the tensor
+                g["lr"] = g["lr"].fill_(2.0 ** -(k + 3)) if torch.is_tensor(g["lr"]) else 2.0 ** -(k + 3)
+            losses.append(run_step(mbs).item())
+        got.append((losses, [p.detach().clone() for p in [*m.parameters(), *ema.parameters()]]))
+    assert (run_step.graph is False) == sync and ("capture of the training step failed" in capsys.readouterr().err) == sync
+    assert got[0][0] == pytest.approx(got[1][0], rel=1e-6)
+    for a, b in zip(got[0][1], got[1][1]):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+
+
+def test_selective_checkpointing_on_cuda():
+    """This GPU's attention op is one the selective policies keep (model.SDPA_OPS): "block" reruns it in backward,
+    "attn" and "attn_mm" do not, under bf16 autocast (flash or cuDNN) and in fp32 (memory-efficient attention), with
+    fp32 gradients equal to "block"'s; 'auto' against this GPU's memory picks "none" for a tiny config."""
+    from memory import check_fits, device_bytes
+    from model import SDPA_OPS
+    from test_checkpointing import TINY, backward_ops, make, small_config
+    x, calls = torch.randint(0, 37, (2, 12), device="cuda"), TINY["n_layer"] * TINY["n_loop"]
+    for ctx in (torch.autocast("cuda", torch.bfloat16), None):
+        grads, counts = {}, {}
+        for p in ("block", "attn", "attn_mm"):
+            grads[p], counts[p] = backward_ops(make(p, recurrence="disco", phi_topk=5).cuda(), x, ctx)
+        assert counts["block"].of(SDPA_OPS) == calls and counts["attn"].of(SDPA_OPS) == counts["attn_mm"].of(SDPA_OPS) == 0
+        for p in ("attn", "attn_mm") if ctx is None else ():
+            for n, g in grads["block"].items():
+                torch.testing.assert_close(grads[p][n], g, rtol=1e-4, atol=1e-6, msg=f"{p}: {n}")
+    assert check_fits(small_config("disco", "auto"), 1, torch.bfloat16, device_bytes("cuda"), show=False) == ("none", None)

@@ -202,18 +202,19 @@ def test_generate_stops_on_the_stop_condition():
 
 @pytest.mark.parametrize("rule,threshold,min_loops,n_loop,needle", [
     ("", 0.5, 1, None, "exit_threshold=0.5 has no effect with exits off"),       # a threshold with exits off was silently ignored
-    ("", 0.9, 2, None, "exit_min_loops=2 has no effect with exits off"),
+    ("", -1, 2, None, "exit_min_loops=2 has no effect with exits off"),
     ("prob", 0.9, 4, None, "exit_min_loops=4 leaves no loop"),  # min_loops >= K: no token could exit, said nothing
     ("prob", 0.9, 1, 1, "needs at least 2 loops (n_loop=1)"),   # exits with one loop: nothing to leave
     ("prob", 1.5, 1, None, "threshold"), ("maybe", 0.9, 1, None, "rule"),
     ("kl", 1e9, 1, 2, "needs n_loop >= 3 (n_loop=2)"),        # helper's pass: kl with K = 2 could never fire, said nothing
+    ("gate", -1, 1, None, "no checkpoint"),                  # a learned exit needs the gate trained beside a checkpoint
 ])
 def test_exit_options_that_could_not_act_are_one_line(rule, threshold, min_loops, n_loop, needle):
-    """The hostile probes of the scripts' exit_* keys (sample.py, eval_harness, bench.py sample, probe.py exit)."""
+    """The hostile probes of the scripts' exit_* keys (sample.py, eval_harness, bench.py sample, exits.py)."""
     from inference import exit_option
     from common import ConfigError
     from model import GPT, GPTConfig
     model = GPT(GPTConfig(vocab_size=16, n_layer=1, n_head=2, n_embd=8, block_size=8, recurrence="disco", n_loop=4))
     with pytest.raises(ConfigError, match=re.escape(needle)):
         exit_option(rule, threshold, min_loops, model, n_loop)
-    assert exit_option("", 0.9, 1, model) is None and exit_option("prob", 0.9, 3, model).min_loops == 3
+    assert exit_option("", -1, 1, model) is None and exit_option("prob", -1, 3, model).threshold == 0.9  # the rule's own

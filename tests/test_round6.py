@@ -81,7 +81,7 @@ def test_outputs_keep_users_files_and_pipes_do_not_hang(tiny_run, tmp_path):
     assert json.loads(user.read_text()) == {"probe": "acc", "mine": 1}
     pipe = tmp_path / "pipe.json"
     os.mkfifo(pipe)
-    one_line(run(["probe.py", "exit", f"--ckpt={tiny_run}", f"--json={pipe}"], timeout=60), "a named pipe")
+    one_line(run(["exits.py", f"--ckpt={tiny_run}", f"--json={pipe}"], timeout=60), "a named pipe")
     one_line(run(["bench.py", "step", "config/pretrain_tiny.py", "--vocab_size=64", "--steps=1", f"--json={pipe}"], timeout=60),
              "a named pipe")
     rows = tmp_path / "rows.jsonl"
@@ -105,7 +105,8 @@ def test_plot_default_figure_is_not_a_users_file(tiny_run, tmp_path):
 
 
 def test_an_absurd_pretrained_folder_is_one_line_before_building(tmp_path):
-    from pretrained import check_fits, pretrained_architecture
+    from pretrained import pretrained_architecture
+    from common import weights_fit
     from common import DataError
     folder = tmp_path / "hf"
     folder.mkdir()
@@ -118,8 +119,13 @@ def test_an_absurd_pretrained_folder_is_one_line_before_building(tmp_path):
     arch = dict(n_embd=32, n_layer=2, vocab_size=10 ** 12, n_head=4, n_kv_head=0, n_hidden=0, mlp="gelu",
                 tie_embeddings=True)
     with pytest.raises(DataError, match="vocab_size=1000000000000"):
-        check_fits(arch, "config.json")
-    check_fits({**arch, "vocab_size": 64}, "config.json", limit=10 ** 9)  # a small model fits
+        weights_fit(arch, "config.json", DataError)
+    weights_fit({**arch, "vocab_size": 64}, "config.json", limit=10 ** 9)  # a small model fits
+
+
+def test_an_absurd_vocabulary_in_a_config_is_one_line(tiny_data, tmp_path):
+    one_line(run(tiny_train_args(tiny_data, str(tmp_path / "r"), "--vocab_size=1000000000000")),
+             "vocab_size=1000000000000", "the model keys")
 
 
 def test_a_checkpoint_with_a_retired_kernel_opens_with_one_note(tiny_data, tmp_path):
@@ -152,8 +158,8 @@ def test_one_rule_for_keys_that_do_nothing(tiny_run, tiny_data, tmp_path):
              "top_k=5 has no effect", "temperature > 0")
     one_line(run(["bench.py", "sample", "config/pretrain_tiny.py", "--vocab_size=64", "--dtype=bfloat16"]),
              "dtype='bfloat16' has no effect")
-    one_line(run(["bench.py", "sample", "config/pretrain_tiny.py", "--vocab_size=64", "--compile=False"]),
-             "compile=False has no effect")  # typed at its default: still asked for, still nothing
+    one_line(run(["bench.py", "sample", "config/pretrain_tiny.py", "--vocab_size=64", "--compile=True"]),
+             "compile=True has no effect")
     one_line(run(tiny_train_args(tiny_data, str(tmp_path / "a"), "--eval_iters=3")), "eval_iters=3 has no effect",
              "token shards")
     one_line(run(tiny_train_args(tiny_data, str(tmp_path / "b"), "--device=cpu", "--memory_check=True")),
@@ -178,3 +184,27 @@ def test_phi_tau_means_one_thing_for_a_loops_exits():
     a, b = out[1.0], out[0.2]
     a, b = (a[0], b[0]) if isinstance(a, tuple) else (a, b)
     assert torch.equal(a, b)
+
+
+def test_data_args_encoding_against_shards_that_record_it_alone(tmp_path):
+    """Shards whose meta.json says their encoding only at its top (made by hand, no prepare config): a config's
+    data_args with another encoding were ignored without a word."""
+    import numpy as np
+    d = tmp_path / "shards"
+    d.mkdir()
+    (np.arange(600) % 61).astype(np.uint16).tofile(d / "train_000000.bin")
+    (np.arange(600) % 61).astype(np.uint16).tofile(d / "val_000000.bin")
+    (d / "meta.json").write_text(json.dumps({"kind": "tokens", "dtype": "uint16", "vocab_size": 61, "eot": 0,
+                                             "encoding": "bytes", "shards": {"train": [["train_000000.bin", 600]],
+                                                                             "val": [["val_000000.bin", 600]]}}))
+    r = run(["train.py", "config/pretrain_tiny.py", f"--data_dir={d}", f"--out_dir={tmp_path / 'run'}",
+             "--data_args={'encoding': 'gpt2'}", "--max_iters=0"])
+    one_line(r, "encoding='gpt2'", "encoding='bytes'")
+
+
+def test_fused_phi_without_cuda_is_one_line_before_training(tiny_data, tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("CUDA runs the fused kernel")
+    one_line(run(tiny_train_args(tiny_data, str(tmp_path / "r"), "--recurrence=disco", "--phi_topk=4",
+                                 "--phi_kernel=fused"), env={"TRITON_INTERPRET": "0"}), "phi_kernel='fused'", "CUDA")
+    assert not (tmp_path / "r" / "ckpt.pt").exists()
