@@ -14,7 +14,7 @@ import zlib
 
 import torch
 
-from common import CheckpointError, ConfigError, atomic_write, marked, owned, tmp_name
+from common import CheckpointError, ConfigError, atomic_write, marked, not_regular, owned, tmp_name
 from compat import renamed, retire, upgrade_checkpoint
 from configurator import COMMAND_LINE
 from curriculum import joins_changed
@@ -54,17 +54,20 @@ def save_checkpoint(obj, path):
         raise CheckpointError(f"could not write '{path}' ({reason}); the previous checkpoint, if any, is kept") from None
 
 
-def earlier_work(out_dir):
+def earlier_work(out_dir, eval_only=False):
     """An earlier run's files in out_dir, which a new run deletes and a resume may replace: ckpt.pt and ckpt_<iter>.pt,
     each carrying the project's mark (common.owned: a user's file of that name is one line, never touched), and a
-    non-empty metrics.jsonl."""
+    non-empty metrics.jsonl (its first row's mark, or a checkpoint of ours beside it: a run before the mark).
+    eval_only reads ckpt.pt and appends a row: it replaces nothing, so nothing is asked of the rest."""
     names = [n for n in sorted(os.listdir(out_dir)) if n == "ckpt.pt" or n[:5] + n[-3:] == "ckpt_.pt" and n[5:-3].isdigit()]
-    for n in names:
-        try:
-            owned(os.path.join(out_dir, n), "checkpoint", "checkpoint", "replaced or deleted")
-        except ConfigError as e:
-            raise CheckpointError(f"out_dir {out_dir!r}: {e}") from None
     metrics = os.path.join(out_dir, "metrics.jsonl")
+    try:
+        for n in [] if eval_only else names:
+            owned(os.path.join(out_dir, n), "checkpoint", "checkpoint", "replaced or deleted", "checkpoint")
+        if not names and not eval_only:
+            owned(metrics, "jsonl", "metrics.jsonl", "replaced", "metrics")
+    except ConfigError as e:
+        raise CheckpointError(f"out_dir {out_dir!r}: {e}") from None
     return names + (["metrics.jsonl"] if os.path.isfile(metrics) and os.path.getsize(metrics) else [])
 
 
@@ -86,7 +89,7 @@ def load_checkpoint(path, map_location="cpu", required=("model", "model_args")):
     if os.path.isdir(path):
         path = os.path.join(path, "ckpt.pt")
     if not os.path.isfile(path):
-        raise CheckpointError(f"checkpoint '{path}' not found")
+        raise CheckpointError(f"checkpoint '{path}' {'is ' + not_regular(path) if not_regular(path) else 'not found'}")
     try:
         ckpt = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as e:  # empty, truncated, foreign or code-carrying pickles all end here
@@ -102,7 +105,7 @@ def load_checkpoint(path, map_location="cpu", required=("model", "model_args")):
     if isinstance(ckpt, dict) and "crc32" in ckpt and content_crc({k: v for k, v in ckpt.items() if k != "crc32"}) != ckpt["crc32"]:
         raise CheckpointError(f"'{path}' is damaged: its content does not match the checksum written with it "
                               "(flipped or overwritten bytes); use another copy")
-    return upgrade_checkpoint(ckpt)  # an older checkpoint reads as today's
+    return {**upgrade_checkpoint(ckpt), "path": path}  # an older checkpoint reads as today's; its errors name the file
 
 
 # The keys a resume may change: the budget, intervals, stopping, logging, and where and how fast it runs.
@@ -157,9 +160,11 @@ def resume_architecture(path, config, stated):
     replaced by 'resume') continues it; a config file's other value is noted, one line per key, as the branch noted
     it. Typed keys stay, for load_for_resume to compare (and refuse). Only the record is read (tensors are mapped,
     not loaded); {} when it cannot be read, and load_for_resume says why."""
+    if not os.path.isfile(path):  # absent, or a pipe (torch.load would block): the full load says which
+        return {}
     try:
         saved = retire(renamed(torch.load(path, map_location="cpu", weights_only=True, mmap=True)["model_args"]),
-                       note=False)  # the full load that follows notes what it retires
+                       None)  # the full load that follows notes what it retires
     except Exception:  # not there, damaged, not ours: the full load that follows gives the one-line reason
         return {}
     take = {k: saved[k] for k in ARCH_KEYS if k in saved and stated.get(k) != COMMAND_LINE}

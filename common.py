@@ -68,16 +68,18 @@ def weights_fit(c, where, error=ValueError, limit=None):
     """The model keys' sizes, by arithmetic, against what this machine can hold, before anything is built: a
     config.json of 100,000 layers or a vocabulary of 10^12 is one line naming `where` and the keys, not an allocation
     that runs for minutes or ends as 'out of memory'. Counted: the weights (attention, MLP per block, K copies for
-    recurrence='none', embedding and head), built in float32 beside the weights they are loaded from (x 2)."""
-    d, L, V = c["n_embd"], c["n_layer"], c["vocab_size"]
+    recurrence='none', embedding and head, block_size positions: learned rows or RoPE tables), built in float32 beside
+    the weights they are loaded from (x 2)."""
+    d, L, V, T = c["n_embd"], c["n_layer"], c["vocab_size"], c.get("block_size", 0)
     kv = d // c["n_head"] * (c["n_kv_head"] or c["n_head"])
     hidden = c["n_hidden"] or 4 * d
     per_block = d * (d + 2 * kv) + d * d + (3 if c["mlp"] == "swiglu" else 2) * d * hidden
     copies = c["n_loop"] if c.get("recurrence") == "none" else 1
-    params = copies * L * per_block + V * d * (1 if c["tie_embeddings"] else 2)
+    params = copies * L * per_block + V * d * (1 if c["tie_embeddings"] else 2) + T * (d if c.get("pos_emb") == "learned"
+                                                                                           else d // c["n_head"])
     need, have = 2 * 4 * params, limit or machine_bytes()
     if need > have:
-        raise error(f"{where}: n_layer={L}, n_embd={d}, n_hidden={hidden}, vocab_size={V} make {params / 1e9:.3g}B "
+        raise error(f"{where}: n_layer={L}, n_embd={d}, n_hidden={hidden}, vocab_size={V}, block_size={T} make {params / 1e9:.3g}B "
                     f"parameters, {need / 1e9:.3g} GB to build in float32, more than this machine's {have / 1e9:.3g} GB: "
                     "not a model this machine can build")
 
@@ -122,33 +124,54 @@ def marked(obj, what):
     return {MARK: what, **obj}
 
 
-def _found(path, kind):
+def _mark_of(obj, what, container):
+    """None when obj carries the mark, of `what` when given (a plan cache is not a row log); else what it is."""
+    mark = obj.get(MARK) if isinstance(obj, dict) else None
+    if not isinstance(obj, dict):
+        return f"a {container} holding a {type(obj).__name__}"
+    if not isinstance(mark, str):
+        return (f"a {container} object with keys {sorted(map(str, obj))[:4]} and no mark" if mark is None else
+                f"a {container} object whose {MARK!r} is {mark!r}, not the project's")
+    return None if what is None or mark.startswith(what) else f"the project's {mark!r}, not a {what!r} file"
+
+
+def _found(path, kind, what=None):
     """None when the regular, non-empty file at path carries the mark of `kind`; else what it holds, in a few words."""
-    if kind == "figure":
+    if kind == "figure":  # PNG and SVG write their metadata first, a PDF its Info dictionary last
         with open(path, "rb") as f:
             head = f.read(1 << 20)
-        return None if FIGURE_METADATA["Creator"].encode() in head else f"a {len(head)}+ byte file without the mark"
+            f.seek(max(f.tell(), os.fstat(f.fileno()).st_size - (1 << 16)))
+            tail = f.read()
+        return None if FIGURE_METADATA["Creator"].encode() in head + tail else "a file without the figure mark"
     if kind == "checkpoint":
         try:  # mmap: the pickle is read, the tensors are not; weights_only: nobody's code runs
             obj = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
         except Exception as e:
             return f"a file torch cannot read as a checkpoint ({type(e).__name__})"
-        if isinstance(obj, dict) and (MARK in obj or {"model_args", "crc32"} <= set(obj)):  # crc32: earlier commits'
-            return None
-        return f"a torch file with keys {sorted(map(str, obj))[:4] if isinstance(obj, dict) else type(obj).__name__}"
+        if what == "checkpoint" and isinstance(obj, dict) and MARK not in obj and {"model_args", "crc32"} <= set(obj):
+            return None  # a checkpoint of an earlier commit, before the mark: its crc32 and model_args
+        return _mark_of(obj, what, "torch file")
     try:
         with open(path, encoding="utf-8") as f:
             obj = json.loads(f.readline() if kind == "jsonl" else f.read())
     except (ValueError, UnicodeDecodeError):
         return f"{'a first line' if kind == 'jsonl' else 'text'} that is not JSON"
-    if isinstance(obj, dict) and isinstance(obj.get(MARK), str):
+    return _mark_of(obj, what, "JSON-lines file whose first row is a" if kind == "jsonl" else "JSON")
+
+
+def not_regular(path):
+    """What path is when it is there but not a regular file ('a named pipe', ...): opening a pipe blocks for ever."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
         return None
-    return f"a JSON {type(obj).__name__}{f' with keys {sorted(obj)[:4]}' if isinstance(obj, dict) else ''} without the mark"
+    return next((name for test, name in _NOT_REGULAR if test(mode)), None)
 
 
-def owned(path, kind, key="json", verb="replaced"):
-    """True when the file at path carries the project's mark of `kind` ('json', 'jsonl', 'figure', 'checkpoint'), False
-    when path is absent or an empty regular file: either may be written. Anything else is a one-line ConfigError
+def owned(path, kind, key="json", verb="replaced", what=None):
+    """True when the file at path carries the project's mark of `kind` ('json', 'jsonl', 'figure', 'checkpoint'), and of
+    `what` when given (the mark's start: 'plan cache', 'rows', 'probe.py', ...), False when path is absent or an empty
+    regular file: either may be written. Anything else is a one-line ConfigError
     naming key, path and what was found; a pipe, socket, device or folder is refused before it is opened (a named
     pipe would block for ever)."""
     try:
@@ -157,22 +180,24 @@ def owned(path, kind, key="json", verb="replaced"):
         return False  # new (a dangling link: its target is made)
     except OSError as e:
         raise ConfigError(f"{key}={path!r} cannot be read ({e.strerror}): choose another path") from None
-    what = next((name for test, name in _NOT_REGULAR if test(st.st_mode)), None)
-    if what:
-        raise ConfigError(f"{key}={path!r} is {what}, not a regular file: allowed a new path or a file this project "
+    is_ = next((name for test, name in _NOT_REGULAR if test(st.st_mode)), None)
+    if is_:
+        raise ConfigError(f"{key}={path!r} is {is_}, not a regular file: allowed a new path or a file this project "
                           "wrote; choose another path")
     if st.st_size == 0:
         return False
-    found = _found(path, kind)
+    found = _found(path, kind, what)
     if found:
-        raise ConfigError(f"{key}={path!r} holds {found} ({MARK!r} is what every file this project writes carries): "
-                          f"only such a file is {verb}; left untouched, choose another path")
+        raise ConfigError(f"{key}={path!r} holds {found}: only a file this project wrote for this (its {MARK!r}) is "
+                          f"{verb}; left untouched, choose another path")
     return True
 
 
 def atomic_write(path, content, durable=False):
     """Write a file whole or not at all: a temp file, then a rename. `content` is str, bytes, or a function
-    f(binary file). durable: fsync the file and the folder (checkpoints, shards). An OSError leaves no temp file."""
+    f(binary file). durable: fsync the file and the folder (checkpoints, shards). An OSError leaves no temp file. A
+    symbolic link stays one: its target is written (made, when the link dangles)."""
+    path = os.path.realpath(path)
     tmp = tmp_name(path)
     try:
         with open(tmp, "wb") as f:

@@ -21,12 +21,13 @@ def renamed(d):
 RETIRED = {"phi_kernel": (("dense", "twostage", "unsorted"), "auto", "a Phi kernel moved to lab/phi.py")}
 
 
-def retire(d, note=True):
-    """d with every retired compute-only value replaced by its default, one note each on stderr (note=True)."""
+def retire(d, note="the checkpoint"):
+    """d with every retired compute-only value replaced by its default, one note each on stderr naming where it was
+    (note: 'the checkpoint', a config file, 'command line'; None: no note)."""
     for key, (old, default, what) in RETIRED.items():
         if isinstance(d.get(key), str) and d[key].split("+")[0] in old:
             if note:
-                print(f"note: the checkpoint has {key}={d[key]!r} ({what}; it changes no weight): read as {default!r}",
+                print(f"note: {note} has {key}={d[key]!r} ({what}; it changes no weight): read as {default!r}",
                       file=sys.stderr)
             d = {**d, key: default}
     return d
@@ -40,7 +41,7 @@ def upgrade_checkpoint(ckpt):
         ckpt["dtype_resolved"] = ckpt.pop("dtype")
     for key in ("model_args", "config"):
         if isinstance(ckpt.get(key), dict):
-            ckpt[key] = retire(renamed(ckpt[key]), note=key == "model_args")  # one note: config repeats the key
+            ckpt[key] = retire(renamed(ckpt[key]), "the checkpoint" if key == "model_args" else None)  # config repeats it
     for key in ("model", "ema"):
         if isinstance(ckpt.get(key), dict):
             ckpt[key] = {k.removeprefix("_orig_mod."): v for k, v in ckpt[key].items()}

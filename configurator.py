@@ -24,7 +24,7 @@ import os
 import sys
 
 from common import ConfigError
-from compat import RENAMED
+from compat import RENAMED, retire
 
 
 def _closest(key, allowed):
@@ -48,7 +48,7 @@ def _set(config, key, value, source, given):
     if twice:
         raise ConfigError(f"{key}={value!r} and {twice[0]} in {source} set one key twice ({new}; "
                           f"{', '.join(k for k, v in RENAMED.items() if v == new)} is its old name): give only {new}")
-    config[new] = value
+    config[new] = retire({new: value}, source)[new]  # a retired value (a kernel moved to lab/): its default, noted
 
 
 def _check(key, value, defaults, source):

@@ -38,8 +38,7 @@ META_FIELDS = {
                ("config.tokenizer_sha256", False, (lambda v: isinstance(v, str) and len(v) == 64, "a sha256 hex string"))],
     "qa": [("splits", True, (lambda v: isinstance(v, dict) and v and all(
                isinstance(i, dict) and isinstance(i.get("file"), str) and isinstance(i.get("train"), bool)
-               and type(i.get("hops", 1)) is int and i.get("hops", 1) >= 1 for i in v.values()),
-               "an object of splits, each with a 'file' name, 'train' true or false and 'hops' >= 1")),
+               for i in v.values()), "an object of splits, each with a 'file' name and 'train' true or false")),
            ("vocab", True, (lambda v: isinstance(v, list) and v and all(isinstance(t, str) for t in v),
                             "a list of token strings")),
            ("checksums", False, (lambda v: isinstance(v, dict), "an object"))],
@@ -63,6 +62,10 @@ def read_meta(data_dir):
         if not ok(where[name]):
             raise DataError(f"'{path}': {field}={str(where[name])[:60]!r} is invalid: allowed {allowed} (damaged: "
                             "prepare the folder again)")
+    for split, info in meta["splits"].items() if meta.get("kind") == "qa" else ():  # the split, named
+        if not (type(info.get("hops", 1)) is int and info.get("hops", 1) >= 1):
+            raise DataError(f"'{path}': splits.{split}.hops={info['hops']!r} is invalid: allowed 'hops' >= 1, an integer "
+                            "(damaged: prepare the folder again)")
     return meta
 
 
@@ -98,7 +101,7 @@ def _marked_run_file(path):
         with open(path, "rb") as f:
             return f.read(33).strip().isdigit() or os.path.getsize(path) == 0
     try:
-        return owned(path, "checkpoint", "checkpoint")
+        return owned(path, "checkpoint", "checkpoint", what="checkpoint")
     except ConfigError:
         return False
 

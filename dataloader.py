@@ -79,6 +79,10 @@ def check_made_with(defaults, data_args, have, data_dir):
     """A token corpus is prepared once: data_args (its script's defaults where they are silent, as a prepare would
     take them) that say otherwise than the folder's record in any field would be ignored, so are refused in one
     line. Fields the folder does not record (max_tokens, num_proc) are not compared."""
+    unknown = sorted(set(data_args) - set(defaults))
+    if unknown:
+        raise ConfigError(f"data_args key {unknown[0]!r} is not an argument of this dataset's prepare script: allowed "
+                          f"{sorted(k for k in defaults if k != 'out_dir')}")
     want = {**defaults, **data_args}
     for k in [*data_args, *(k for k in have if k not in data_args)]:
         if k not in have or k not in want or k == "out_dir":

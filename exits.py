@@ -468,9 +468,9 @@ def main(argv):
         torch.set_default_device(device)  # data, model and every tensor are made there
     try:
         if verb == "gate":  # a file of this project's is replaced, a user's never (checked before the work)
-            owned(gate_path(a["ckpt"]), "checkpoint", "exit_gate")
+            owned(gate_path(a["ckpt"]), "checkpoint", "exit_gate", what="exit gate")
         out = a["json"] or (beside_checkpoint(a["ckpt"], "exits.json") if verb == "" else "")  # before the work
-        owned(out, "json")
+        owned(out, "json", what="exits.py")
         model, data = load(a["ckpt"], a["data_dir"], a["raw"], tokens_ok=True)
         with torch.no_grad(), autocast(device, resolve_dtype(a["dtype"], device)):
             res = VERBS[verb][0](model, data, a)

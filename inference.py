@@ -28,7 +28,7 @@ def model_from_checkpoint(ckpt, use_ema=True, **overrides):
     try:
         config = GPTConfig.from_dict({**ckpt["model_args"], **overrides})
     except (TypeError, ValueError) as e:
-        raise CheckpointError(f"checkpoint model config is invalid: {e}") from None
+        raise CheckpointError(f"'{ckpt.get('path', 'the checkpoint')}': its model config is invalid: {e}") from None
     model = GPT(config)
     weights = ckpt["ema"] if use_ema and "ema" in ckpt else ckpt["model"]
     missing, unexpected = model.load_state_dict(weights, strict=False)

@@ -15,7 +15,7 @@ class RowLog:
     line the run's description): a run killed by a time limit keeps every row it finished."""
 
     def __init__(self, header, path, meta):
-        owned(path, "jsonl", "json", "extended")  # only to a new file or one a RowLog began (its first row's mark)
+        owned(path, "jsonl", "json", "extended", "rows")  # only to a new file or one a RowLog began (its first row's mark)
         self.header, self.path, self.records = header, path, {}
         print(table(header, []), flush=True)
         self.write(marked({"run": meta}, "rows"))
@@ -42,7 +42,7 @@ class RowLog:
 def read_plan_cache(path):
     """The plan cache at path ({} if absent): a JSON object bench.py step wrote (common.owned: its mark), else one line
     (a user's file, a device, a pipe or a folder is never read as one nor overwritten)."""
-    if not path or not owned(path, "json", "plan_cache"):
+    if not path or not owned(path, "json", "plan_cache", what="plan cache"):
         return marked({}, "plan cache")
     return read_json(path)
 
@@ -59,5 +59,5 @@ def cached_plan(c, r, dtype):
     if not (type(v) in (int, float) and 0 < v < 1e6):  # GB: a plan of a petabyte is not one
         cache[key] = plan({**c, "recurrence": r, "gradient_accumulation_steps": 1}, 1, dtype).total / 1e9
         if c["plan_cache"]:
-            atomic_write(os.path.realpath(c["plan_cache"]), json.dumps(cache))  # a symbolic link stays one
+            atomic_write(c["plan_cache"], json.dumps(cache))  # a symbolic link stays one (atomic_write)
     return cache[key]

@@ -114,7 +114,8 @@ def plan(c, world_size, dtype=torch.bfloat16):
     gradient_as_bucket_view, so no second copy of the gradients). Activations and the backward peak
     are measured on the configured model at the configured micro-batch with fake tensors."""
     from torch._subclasses.fake_tensor import FakeTensorMode
-    cfg = GPTConfig.from_dict(c)
+    # csr and fused Phi (a bincount, a Triton kernel: no fake-tensor shapes) keep at most bag's: planned as bag
+    cfg = GPTConfig.from_dict({**c, "phi_kernel": "bag" if c["phi_kernel"] in ("csr", "fused") else c["phi_kernel"]})
     B, T = c["batch_size"], c["block_size"]
     with FakeTensorMode():
         model = GPT(cfg)

@@ -52,7 +52,7 @@ def pretrained_architecture(folder):
         GPTConfig(**arch, block_size=n_pos, recurrence="loop", n_loop=1)
     except ValueError as e:
         raise DataError(f"{path}: {e}") from None
-    weights_fit(arch, path, DataError)  # before anything is built
+    weights_fit({**arch, "block_size": n_pos}, path, DataError)  # before anything is built (positions are block_size)
     return kind, arch, n_pos, path
 
 

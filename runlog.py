@@ -10,7 +10,7 @@ import os
 import sys
 import time
 
-from common import TMP_RE, DataError, RunError, atomic_write
+from common import TMP_RE, DataError, RunError, atomic_write, marked
 from curriculum import fired_joins
 from datafolder import claim
 
@@ -162,8 +162,8 @@ class RunLog:
             resumes.append({"iter": iter_num, "at": time.strftime("%Y-%m-%d %H:%M:%S"), "changed": changes or {}})
         write_atomic_json(self.config_path, {**config, **facts, "resumes": resumes})
 
-    def append(self, row):
-        append_metrics(self.metrics_path, row)
+    def append(self, row):  # the file's first row carries the project's mark (common.owned: whose file this is)
+        append_metrics(self.metrics_path, row if self.rows else marked(row, "metrics"))
         self.rows.append(row)
         if self.wandb is not None:
             self.wandb.log(row, step=row["iter"])

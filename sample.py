@@ -41,7 +41,7 @@ DEFAULTS = dict(
     **SPEC_KEYS,
 )
 # when a key acts (configurator.check_inert, train.py's rule: a typed key that would do nothing is refused)
-ACTIVE = {"top_k": (lambda c: c["temperature"] > 0, "temperature > 0 (temperature 0 takes the top token)")}
+ACTIVE = {k: (lambda c: c["temperature"] > 0, "temperature > 0 (temperature 0 takes the top token)") for k in ("top_k", "seed")}
 CHECKS = {**SYSTEM_CHECKS, "num_samples": INT_GE1, "max_new_tokens": INT_GE1, "top_k": INT_GE0, "n_loop": INT_GE0,
           "temperature": num(0), **EXIT_CHECKS, **SPEC_CHECKS}
 

@@ -17,7 +17,7 @@ import sys
 
 import torch
 
-from common import ConfigError, die, out_of_memory
+from common import ConfigError, out_of_memory
 
 WARMUP = 3  # eager steps before the capture (the recipe's example warms up with 3)
 
@@ -99,14 +99,6 @@ class StepGraph:
         self.graph = graph
         print(f"CUDA graph: the training step is captured after {WARMUP} eager steps and replayed from here on")
         return True
-
-
-def graphed(step, optimizers, model, device, ddp, dtype):
-    """train.py's StepGraph, or one line and exit 2 where a graph cannot hold its step."""
-    try:
-        return StepGraph(step, optimizers, model, device, ddp, dtype)
-    except ConfigError as e:
-        die(e)
 
 
 def flat(micro_batches):

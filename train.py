@@ -106,11 +106,10 @@ sparse = data.sparse_targets  # QA: one answer token per question, the head runs
 vocab_size = config["vocab_size"] = vocab_size or data.vocab_size
 
 # -----------------------------------------------------------------------------
-# the run folder: train.py's own (datafolder.claim), one run at a time; a resume continues only what its checkpoint
-# was trained with
+# the run folder: train.py's own (datafolder.claim), one run at a time; a resume continues what its checkpoint trained
 try:  # fail now, not at the first checkpoint; a second run on out_dir stops here, naming the holder
     run_lock = open_run_folder(out_dir, lock=master)
-    earlier = earlier_work(out_dir)  # an earlier run's checkpoints (each with the project's mark) and metrics
+    earlier = earlier_work(out_dir, eval_only)  # an earlier run's checkpoints and metrics, each with the mark
 except ERRORS as e:
     die(e)
 ckpt_path, log = os.path.join(out_dir, "ckpt.pt"), RunLog(out_dir)
@@ -331,8 +330,11 @@ def step_failed(e, compiled_once):
 
 step = train_step
 if cuda_graph:
-    from stepgraph import graphed  # loaded only by the runs that ask for a graph (where it cannot be: one line, exit 2)
-    step = graphed(train_step, optimizers, raw_model, device, ddp, dtype)
+    from stepgraph import StepGraph  # loaded only by the runs that ask for a graph
+    try:  # where a graph cannot hold the step (DDP, float16, no capturable optimizer): one line, exit 2
+        step = StepGraph(train_step, optimizers, raw_model, device, ddp, dtype)
+    except ERRORS as e:
+        die(e)
 nonfinite = torch.zeros((), dtype=torch.bool, device=device)  # set on the device, read when logging or saving
 saved_at = iter_num if init_from == "resume" else -1  # the iteration in ckpt.pt (-1: none yet)
 resumed_at = iter_num if init_from == "resume" else -1  # where this process took over

@@ -144,7 +144,8 @@ def check(config, stated=None):
         raise ConfigError(f"min_lr={config['min_lr']} is above learning_rate={config['learning_rate']}: "
                           "the schedule decays to min_lr, so allowed min_lr <= learning_rate")
     cuda = config["device"].startswith("cuda") or config["device"] == "auto" and torch.cuda.is_available()
-    if config["phi_kernel"] == "fused" and not cuda and os.environ.get("TRITON_INTERPRET") != "1":  # not at step 1
+    acts = GPTConfig.ACTIVE["phi_kernel"][0](config) and GPTConfig.ACTIVE["phi_"][0](config)  # else inert (noted)
+    if config["phi_kernel"] == "fused" and acts and not cuda and os.environ.get("TRITON_INTERPRET") != "1":
         raise ConfigError(f"phi_kernel='fused' (a Triton kernel) needs a CUDA device, not device={config['device']!r} "
                           "here: allowed 'auto', 'bag' or 'csr' (or TRITON_INTERPRET=1, Triton's interpreter, for tests)")
     # what a captured step cannot hold (stepgraph.py): Muon's float lr (frozen in the graph), float16's loss scaling (it

@@ -44,12 +44,17 @@ if os.path.isdir(path):
     bad(f"{path!r} is a folder: give a metrics.jsonl file")
 if cmd is None and not os.path.exists(path):
     bad(f"{path!r} does not exist: give a run's metrics.jsonl")
+if os.path.exists(path) and not os.path.isfile(path):  # a named pipe would block the reader for ever
+    bad(f"{path!r} is not a regular file (a pipe, a device, a socket): give a run's metrics.jsonl")
 def ident(st):
     return st.st_dev, st.st_ino
 
 
 before = os.stat(path) if cmd is not None and os.path.isfile(path) else None
 start = before.st_size if before else 0  # with CMD: only new rows count
+if before:  # the bytes before `start`, to see a file rewritten in place (same inode, as long or longer)
+    with open(path, "rb") as f:
+        prefix = f.read(min(start, 1 << 16))
 child = None
 
 
@@ -67,7 +72,7 @@ def rows():
     try:
         with open(path, "rb") as f:
             st = os.fstat(f.fileno())
-            if before and (ident(st) != ident(before) or st.st_size < start):
+            if before and (ident(st) != ident(before) or st.st_size < start or f.read(len(prefix)) != prefix):
                 fail(f"{path} was truncated or replaced while watched (it held {start} bytes at the start): its rows "
                      "cannot be told from earlier ones; watch a file no other run writes", 3)
             f.seek(start)
@@ -98,6 +103,8 @@ def report(extra="", final=True):
     rs = rows()
     if final and cmd is not None and not os.path.exists(path):  # out of time (final=False): "not reached" is the figure
         fail(f"{path} never appeared: the command wrote no metrics{extra}")
+    if final and not rs:  # nothing to judge is not a figure: an empty file, or a command that wrote no row
+        fail(f"{path} holds no {'new ' if cmd is not None else ''}evaluation row{extra}: nothing to judge")
     unknown = [k for k, _ in conds if rs and not any(k in r for r in rs)]
     if unknown:
         keys = sorted({k for r in rs for k in r})

@@ -88,8 +88,8 @@ def test_a_users_file_and_every_threshold_are_kept(qa_ckpts, tmp_path):
     theirs.write_text('{"mine": 1}')
     fig.write_text("not a figure")
     for args, needle in (([f"--json={mine}"], "holds text that is not JSON"),
-                         ([f"--json={theirs}"], "holds a JSON dict with keys ['mine'] without the mark"),
-                         ([f"--png={fig}"], "without the mark"),
+                         ([f"--json={theirs}"], "holds a JSON object with keys ['mine'] and no mark"),
+                         ([f"--png={fig}"], "without the figure mark"),
                          (["--exit_thresholds=0.5,0.5,0.50000000000001"], "repeats a threshold"),
                          (["--exit_thresholds=0,-0"], "repeats a threshold"),
                          (["--splits=test_id,test_id"], "repeats a split"),
@@ -175,7 +175,7 @@ def test_a_gate_for_another_model_missing_or_foreign_is_one_line(token_runs, qa_
         one_line(run([*script, f"--ckpt={run1}", "--exit_rule=gate"]), "is the exit gate of another model", "CRC-32")
     (run1 / "exit_gate.pt").write_text("mine")
     one_line(run(["exits.py", f"--ckpt={run1}", "--exit_rule=gate"]), "not a readable exit gate")
-    one_line(run(["exits.py", "gate", f"--ckpt={run1}"]), "exit_gate=", "only such a file is replaced")
+    one_line(run(["exits.py", "gate", f"--ckpt={run1}"]), "exit_gate=", "is replaced; left untouched")
     assert (run1 / "exit_gate.pt").read_text() == "mine"
     one_line(run(["bench.py", "sample", "config/pretrain_tiny.py", "--vocab_size=64", "--exit_rule=gate", "--new_tokens=2",
                   "--prompt=2"]),

@@ -37,7 +37,7 @@ def test_owned_reads_the_mark_not_the_name(tmp_path):
     f.write_text("")
     assert owned(str(f), "json") is False
     f.write_text(json.dumps({"probe": "acc", "row": 1, "results": 2, "run": 3}))  # every key an older check wanted
-    with pytest.raises(ConfigError, match="without the mark"):
+    with pytest.raises(ConfigError, match="and no mark"):
         owned(str(f), "json")
     f.write_text(json.dumps({MARK: "probe.py acc"}))
     assert owned(str(f), "json") is True
@@ -51,7 +51,7 @@ def test_owned_reads_the_mark_not_the_name(tmp_path):
             owned(str(path), "json")
     pt = tmp_path / "ckpt.pt"
     torch.save({"model": {}, "model_args": {}}, pt)  # nanoGPT's checkpoint: not ours
-    with pytest.raises(ConfigError, match="a torch file with keys"):
+    with pytest.raises(ConfigError, match="a torch file object with keys"):
         owned(str(pt), "checkpoint")
     pt.write_text("my notes")
     with pytest.raises(ConfigError, match="torch cannot read"):
@@ -77,7 +77,7 @@ def test_overwrite_never_deletes_a_users_checkpoint_named_file(tiny_data, tmp_pa
 def test_outputs_keep_users_files_and_pipes_do_not_hang(tiny_run, tmp_path):
     user = tmp_path / "mine.json"
     user.write_text(json.dumps({"probe": "acc", "mine": 1}))  # holds the key the older check looked for
-    one_line(run(["probe.py", "acc", f"--ckpt={tiny_run}", f"--json={user}"]), "without the mark")
+    one_line(run(["probe.py", "acc", f"--ckpt={tiny_run}", f"--json={user}"]), "and no mark")
     assert json.loads(user.read_text()) == {"probe": "acc", "mine": 1}
     pipe = tmp_path / "pipe.json"
     os.mkfifo(pipe)
@@ -96,7 +96,7 @@ def test_outputs_keep_users_files_and_pipes_do_not_hang(tiny_run, tmp_path):
 
 def test_plot_default_figure_is_not_a_users_file(tiny_run, tmp_path):
     (tmp_path / "curves.png").write_bytes(b"\x89PNG a user's figure")  # a real PNG header: was replaced
-    one_line(run([os.path.join(REPO, "probe.py"), "plot", tiny_run], cwd=tmp_path), "png=", "without the mark")
+    one_line(run([os.path.join(REPO, "probe.py"), "plot", tiny_run], cwd=tmp_path), "png=", "without the figure mark")
     assert (tmp_path / "curves.png").read_bytes() == b"\x89PNG a user's figure"
     fig = tmp_path / "ours.png"
     for _ in range(2):  # a figure the project drew carries the mark and is replaced
