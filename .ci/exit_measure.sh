@@ -10,6 +10,23 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mkdir -p out/exit
+if [ "${1:-}" = gate ]; then  # issue 62: the learned exit and speculative decoding on the small runs, with and without
+  # loop_loss (trained by: python train.py config/pretrain_small.py --recurrence=disco [--loop_loss=0.3]
+  # --out_dir=out/small_disco[_ll] --threads=1)
+  set -x
+  for R in small_disco small_disco_ll; do
+    python exits.py gate --ckpt=out/$R --threads=1 --gate_label=agree
+    python exits.py --ckpt=out/$R --windows=256 --threads=1 --exit_rule=gate --exit_thresholds=0.5,0.7,0.8,0.9,0.95,0.99 \
+      --json=out/exit/${R}_gate.json
+    python exits.py --ckpt=out/$R --windows=256 --threads=1 --exit_rule=gate --json=out/exit/${R}_gate_cal.json
+    python exits.py --ckpt=out/$R --windows=256 --threads=1 --exit_thresholds=0.3,0.5,0.7,0.9 --json=out/exit/${R}_prob.json
+    for DL in "1 4" "2 4" "3 4" "1 2"; do set -- $DL
+      python bench.py sample config/pretrain_small.py --ckpt=out/$R --threads=1 --new_tokens=200 \
+        --speculative_draft_loops=$1 --speculative_len=$2
+    done
+  done
+  exit 0
+fi
 if [ "${1:-}" = language ]; then
   set -x
   for R in disco loop; do

@@ -95,3 +95,20 @@ TINY_DATA_ARGS = {a[2:].split("=")[0]: int(a.split("=")[1]) for a in TINY_DATA} 
 def tiny_train_args(data_dir, out_dir, *extra):
     return (["train.py", "config/symbolic.py", f"--data_dir={data_dir}", f"--out_dir={out_dir}",
              f"--data_args={TINY_DATA_ARGS}"] + TINY_MODEL + list(extra))
+
+
+def one_line(r, *needles):
+    """A script's bad-input contract: exit 2, one stderr line, no traceback, naming each needle."""
+    err = r.stderr.strip()
+    assert r.returncode == 2 and len(err.splitlines()) == 1 and "Traceback" not in err, r.stderr[-2000:]
+    for n in needles:
+        assert n in err, err
+
+
+@pytest.fixture(scope="session")
+def tiny_run(tiny_data, tmp_path_factory):
+    """A tiny vanilla-loop run folder (4 iterations), shared by the probes of round 6."""
+    out = str(tmp_path_factory.mktemp("r6") / "run")
+    r = run(tiny_train_args(tiny_data, out, "--max_iters=4", "--eval_interval=2", "--recurrence=loop"))
+    assert r.returncode == 0, r.stderr[-2000:]
+    return out

@@ -8,17 +8,11 @@ import shutil
 import pytest
 import torch
 
-from conftest import run, tiny_train_args
+from conftest import one_line, run, tiny_train_args
 
 TOKENS = ["config/pretrain_tiny.py", "--data_args={}", "--n_embd=32", "--n_head=2", "--n_layer=1", "--n_loop=3",
           "--block_size=32", "--batch_size=4", "--gradient_accumulation_steps=1", "--max_iters=6", "--eval_interval=6",
           "--eval_iters=1", "--warmup_iters=2", "--lr_decay_iters=6", "--phi_topk=0", "--phi_chunk=0", "--threads=1"]
-
-
-def one_line(r, *needles):
-    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr[-2000:]
-    for needle in needles:
-        assert needle in r.stderr, r.stderr
 
 
 def exits(*args):

@@ -13,32 +13,11 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import REPO, run, tiny_train_args
+from conftest import REPO, one_line, run, tiny_train_args
 
 from common import FIGURE_METADATA, MARK, ConfigError, DataError, owned
 
 
-def one_line(r, *needles):
-    err = r.stderr.strip()
-    assert r.returncode == 2 and len(err.splitlines()) == 1 and "Traceback" not in err, r.stderr[-2000:]
-    for n in needles:
-        assert n in err, err
-
-
-@pytest.fixture(scope="module")
-def tiny_run(tiny_data, tmp_path_factory):
-    out = str(tmp_path_factory.mktemp("h6") / "run")
-    r = run(tiny_train_args(tiny_data, out, "--max_iters=2", "--eval_interval=2", "--recurrence=loop"))
-    assert r.returncode == 0, r.stderr[-2000:]
-    return out
-
-
-def first_reached(args, timeout=20):
-    return subprocess.run([sys.executable, ".ci/first_reached.py", *args], cwd=REPO, capture_output=True, text=True,
-                          timeout=timeout)
-
-
-# --- lost ---------------------------------------------------------------------------------------------------------
 
 def test_overwrite_keeps_a_users_metrics_jsonl(tiny_data, tmp_path):
     """metrics.jsonl carries no mark: beside an empty run.lock (any tool's lock file) a user's (or another

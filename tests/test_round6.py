@@ -9,24 +9,10 @@ import os
 import pytest
 import torch
 
-from conftest import REPO, run, tiny_train_args
+from conftest import REPO, one_line, run, tiny_train_args
 
 from common import MARK, ConfigError, owned
 
-
-def one_line(r, *needles):
-    err = r.stderr.strip()
-    assert r.returncode == 2 and len(err.splitlines()) == 1 and "Traceback" not in err, r.stderr[-2000:]
-    for n in needles:
-        assert n in err, err
-
-
-@pytest.fixture(scope="module")
-def tiny_run(tiny_data, tmp_path_factory):
-    out = str(tmp_path_factory.mktemp("r6") / "run")
-    r = run(tiny_train_args(tiny_data, out, "--max_iters=4", "--eval_interval=2", "--recurrence=loop"))
-    assert r.returncode == 0, r.stderr[-2000:]
-    return out
 
 
 def test_owned_reads_the_mark_not_the_name(tmp_path):
