@@ -12,6 +12,9 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 os.environ.setdefault("WANDB_MODE", "disabled")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+# Triton decides interpreted or compiled when it is first imported (its own jit helpers, tl.max's included): the fused
+# Phi's tests run its code in the interpreter, so the whole session (and every script it starts) imports Triton so
+os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("TIKTOKEN_CACHE_DIR", "")
 # the CPU precision decisions of this test session (precision.cached_cpu_dtype) stay out of the user's ~/.cache
 os.environ.setdefault("DISCOLOOP_DTYPE_CACHE", os.path.join(tempfile.mkdtemp(prefix="discoloop-tests-"), "cpu_dtype.json"))

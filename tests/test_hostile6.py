@@ -19,6 +19,11 @@ from common import FIGURE_METADATA, MARK, ConfigError, DataError, owned
 
 
 
+def first_reached(args, timeout=20):
+    return subprocess.run([sys.executable, ".ci/first_reached.py", *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=timeout)
+
+
 def test_overwrite_keeps_a_users_metrics_jsonl(tiny_data, tmp_path):
     """metrics.jsonl carries no mark: beside an empty run.lock (any tool's lock file) a user's (or another
     framework's) metrics.jsonl was called "an earlier run's" and --overwrite=True replaced it."""
