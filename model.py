@@ -119,7 +119,7 @@ class GPTConfig:
     label_smoothing: float = 0.0  # label smoothing of the training loss
     loop_loss: float = 0.0     # training adds this x the mean loss of the head read after each earlier loop (0 = off)
     loss_chunk: int = 1024     # positions per chunk of the head + cross-entropy (0 = all): bounds the (chunk, V) logits
-    activation_checkpointing: str = "none"  # CHECKPOINTING; "auto": memory.py picks one by the plan (unresolved: "block")
+    activation_checkpointing: str = "none"  # none|block|attn|attn_mm (CHECKPOINTING); auto: least recompute that fits the GPU
     # when a key acts (configurator.inert: train.py and bench.py refuse a typed inert key, note a config file's): a
     # key or a family prefix ('phi_': every Phi key, later ones too) -> (predicate over the keys, what it needs)
     ACTIVE = {"phi_": (lambda c: RECURRENCES[c["recurrence"]].phi, "a recurrence that decodes Phi ('disco' or "
