@@ -89,7 +89,8 @@ def load_checkpoint(path, map_location="cpu", required=("model", "model_args")):
     if os.path.isdir(path):
         path = os.path.join(path, "ckpt.pt")
     if not os.path.isfile(path):
-        raise CheckpointError(f"checkpoint '{path}' {'is ' + not_regular(path) if not_regular(path) else 'not found'}")
+        is_ = not_regular(path)  # a pipe would block torch.load for ever
+        raise CheckpointError(f"checkpoint '{path}' {'is ' + is_ if is_ else 'not found'}")
     try:
         ckpt = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as e:  # empty, truncated, foreign or code-carrying pickles all end here

@@ -180,7 +180,7 @@ def owned(path, kind, key="json", verb="replaced", what=None):
         return False  # new (a dangling link: its target is made)
     except OSError as e:
         raise ConfigError(f"{key}={path!r} cannot be read ({e.strerror}): choose another path") from None
-    is_ = next((name for test, name in _NOT_REGULAR if test(st.st_mode)), None)
+    is_ = not_regular(path)
     if is_:
         raise ConfigError(f"{key}={path!r} is {is_}, not a regular file: allowed a new path or a file this project "
                           "wrote; choose another path")
