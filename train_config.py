@@ -74,6 +74,11 @@ memory_check = True          # on CUDA: print the memory plan and stop before al
 KEYS = {k: v for k, v in dict(globals()).items() if k not in _imported and not k.startswith("_")}
 
 
+def on_cuda(c):
+    """Whether the run's device (its key, 'auto' resolved as common.resolve_device does) is CUDA."""
+    return c["device"].startswith("cuda") or c["device"] == "auto" and torch.cuda.is_available()
+
+
 # when a training key acts (configurator.inert; GPTConfig.ACTIVE holds the model keys'): key or family prefix ->
 # (predicate over the resolved keys, what it needs)
 ACTIVE = {"compile_": (lambda c: c["compile"], "compile=True"),
@@ -85,7 +90,7 @@ ACTIVE = {"compile_": (lambda c: c["compile"], "compile=True"),
           "stop_patience": (lambda c: c["stop_metric"], "a stop_metric"),
           "eval_iters": (lambda c: c["dataset"] == "pretrain", "token shards (dataset='pretrain', not {dataset!r}: "
                          "a question-answer split is evaluated whole)"),
-          "memory_check": (lambda c: c["device"].startswith("cuda") or c["device"] == "auto" and torch.cuda.is_available(),
+          "memory_check": (on_cuda,
                            "a CUDA device (the plan is checked against GPU memory), not device={device!r} here"),
           "overwrite": (lambda c: c["init_from"] != "resume" and not c["eval_only"],
                         "a new run (not init_from='resume' or eval_only=True)")}
@@ -143,7 +148,7 @@ def check(config, stated=None):
     if config["decay_lr"] and config["min_lr"] > config["learning_rate"]:  # a constant rate never reaches min_lr
         raise ConfigError(f"min_lr={config['min_lr']} is above learning_rate={config['learning_rate']}: "
                           "the schedule decays to min_lr, so allowed min_lr <= learning_rate")
-    cuda = config["device"].startswith("cuda") or config["device"] == "auto" and torch.cuda.is_available()
+    cuda = on_cuda(config)
     acts = GPTConfig.ACTIVE["phi_kernel"][0](config) and GPTConfig.ACTIVE["phi_"][0](config)  # else inert (noted)
     if config["phi_kernel"] == "fused" and acts and not cuda and os.environ.get("TRITON_INTERPRET") != "1":
         raise ConfigError(f"phi_kernel='fused' (a Triton kernel) needs a CUDA device, not device={config['device']!r} "
