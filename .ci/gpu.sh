@@ -107,11 +107,11 @@ compiled() {  # compiled NAME LIMIT ARGS...: a compiled 440M step, its rows into
   step "$name" "$limit" step.log $(cold) python bench.py step config/pretrain.py $STEP --compile=True --plan_cache="$PLAN" \
     --json="$OUT/step.jsonl" "$@"
 }
-# the symbolic job: a watcher stops it once test_id >= 0.99 and test_ood >= 0.95 (train.py's own rule is unchanged)
+# the symbolic job (its dataset made in the scratch folder: the checkout stays as it was): a watcher stops it once test_id >= 0.99 and test_ood >= 0.95 (train.py's own rule is unchanged)
 symbolic() {  # symbolic NAME LIMIT TAG ARGS...
   local name=$1 limit=$2 run=$WORK/symbolic_$3 n; shift 3; n=$(cat "$OUT/symbolic.log" 2> /dev/null | wc -l)
   step "$name" "$limit" symbolic.log $(cold) python .ci/first_reached.py "$run/metrics.jsonl" "acc/test_id>=0.99" \
-    "acc/test_ood>=0.95" -- python train.py config/symbolic.py --out_dir="$run" $SYM "$@"
+    "acc/test_ood>=0.95" -- python train.py config/symbolic.py --out_dir="$run" --data_dir="$WORK/data_symbolic" $SYM "$@"
   tail -n +$((n + 1)) "$OUT/symbolic.log" 2> /dev/null | grep -h "first at\|not reached" | tail -1 >> "$OUT/summary.txt"
 }
 symbolic "2 symbolic, the whole step one CUDA graph" $L_GRAPH graph --cuda_graph=True

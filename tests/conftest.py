@@ -1,5 +1,7 @@
+import atexit
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -7,17 +9,29 @@ import tempfile
 import threading
 
 import pytest
+import torch
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
+# the scripts the tests start (.ci/*.sh, torchrun) call `python`: make it the interpreter running the tests, so that
+# `some-venv/bin/python -m pytest` works without activating the venv
+os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
 os.environ.setdefault("WANDB_MODE", "disabled")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 # Triton decides interpreted or compiled when it is first imported (its own jit helpers, tl.max's included): the fused
-# Phi's tests run its code in the interpreter, so the whole session (and every script it starts) imports Triton so
-os.environ.setdefault("TRITON_INTERPRET", "1")
+# Phi's tests run its code in the interpreter, so the whole session (and every script it starts) imports Triton so.
+# Not on a CUDA machine: there Inductor compiles real Triton kernels, which the interpreter breaks (an H200 run of
+# test_cuda.py failed every compiled test with "InterpreterError")
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("TIKTOKEN_CACHE_DIR", "")
-# the CPU precision decisions of this test session (precision.cached_cpu_dtype) stay out of the user's ~/.cache
-os.environ.setdefault("DISCOLOOP_DTYPE_CACHE", os.path.join(tempfile.mkdtemp(prefix="discoloop-tests-"), "cpu_dtype.json"))
+# the CPU precision decisions of this test session (precision.cached_cpu_dtype) stay out of the user's ~/.cache; the
+# first process (the xdist controller or a plain run) makes the folder, its workers inherit it, and it is removed at
+# the first process's exit (nothing is left in the temp folder)
+if "DISCOLOOP_DTYPE_CACHE" not in os.environ:
+    _cache_dir = tempfile.mkdtemp(prefix="discoloop-tests-")
+    atexit.register(shutil.rmtree, _cache_dir, True)
+    os.environ["DISCOLOOP_DTYPE_CACHE"] = os.path.join(_cache_dir, "cpu_dtype.json")
 
 # a tiny symbolic graph: trains in seconds, same code path as the paper-size one
 TINY_DATA = ["--n_entities=30", "--n_relations=8", "--out_degree=4", "--n_train=200", "--n_test=50",

@@ -33,8 +33,13 @@ def test_the_step_a_graph_captures_is_the_eager_step_on_cpu(tiny_data, tmp_path)
     assert [r["iter"] for r in eager] == [r["iter"] for r in graphed] == [0, 10, 20, 30]
     for a, b in zip(eager, graphed):
         for k, v in a.items():
-            if k not in ("time", "cpu_time", "tok_per_s", "tflops"):
+            if k in ("time", "cpu_time", "tok_per_s", "tflops"):
+                continue
+            # a number agrees to fp32 reassociation; anything else (the first row's mark) is equal
+            if isinstance(v, (int, float)):
                 assert b[k] == pytest.approx(v, rel=1e-5, abs=1e-6), (a["iter"], k)
+            else:
+                assert b[k] == v, (a["iter"], k)
     for part in ("model", "ema"):
         for k, t in ck_e[part].items():
             torch.testing.assert_close(ck_g[part][k], t, rtol=1e-5, atol=1e-6)
