@@ -1,0 +1,108 @@
+"""Issue 67's side-by-side measurement at batch 1 on the CPU, one run per checkpoint, each row printed as measured:
+plain cached greedy, draft-then-verify, pipelined (q = 1, 2; with and without a second depth), then the cost of one
+GPT.loop_step call over n lanes (speculative.Lanes, n = 1..K) against plain's call over one token (a KVCache), and the
+arithmetic model's speed-up beside the measured one.
+
+    python .ci/pipeline_measure.py /work/ckpt/small_disco_ll03 [more runs] [--new_tokens=200] [--threads=1]
+
+The model: plain costs K calls of one token per token (K c1). Pipelined, with a = the share of proposals kept at
+loop K (and b = the share kept at the second depth q2), a token costs E calls, E = a L + (1 - a) K, the lag
+L = q (without q2) or b q + (1 - b) q2: a kept proposal's lane is q (or q2) loops behind the one committed, a
+rejected one restarts at loop 1. A call over the mean lanes in flight costs c(n), interpolated from the measured
+c(1..K). Predicted speed-up: K c1 / (E c(n)); the decoder's head reads and bookkeeping are not in it.
+"""
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, ".")
+from checkpoint import load_checkpoint  # noqa: E402
+from inference import model_from_checkpoint  # noqa: E402
+import speculative  # noqa: E402
+from speculative import Lanes, Pipeline, Speculative, rows_at  # noqa: E402
+
+args = [a for a in sys.argv[1:] if not a.startswith("--")]
+opts = dict(a[2:].split("=") for a in sys.argv[1:] if a.startswith("--"))
+N, threads = int(opts.get("new_tokens", 200)), int(opts.get("threads", 1))
+torch.set_num_threads(threads)
+
+
+def timed(fn, reps):
+    fn()
+    t = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    return (time.perf_counter() - t) / reps
+
+
+def call_costs(model, ctx, reps=200):
+    """Seconds of one loop_step: plain's (one token, a KVCache per layer, ctx cached) and over n = 1..K lanes."""
+    K, d = model.config.n_loop, model.config.n_embd
+    with torch.no_grad():
+        cache = model.new_cache(K)
+        model.hidden(torch.randint(0, model.config.vocab_size, (1, ctx)), cache=cache)
+        x = torch.randn(1, 1, d)
+
+        def plain():
+            model.loop_step(2, x, None, cache[1], K)
+            for c in cache[1]:
+                c.crop(ctx)
+        c1 = timed(plain, reps)
+        lanes = [Lanes(K, ctx + K + 1) for _ in range(model.config.n_layer)]
+        for i, c in enumerate(lanes):
+            c.load([loop[i] for loop in cache], ctx)
+        cn = []
+        for n in range(1, K + 1):
+            loops, where = torch.arange(K, K - n, -1), torch.arange(ctx, ctx + n)
+            xs = torch.randn(n, 1, d)
+            cn.append(timed(lambda: model.loop_step(loops, xs, None, rows_at(lanes, loops - 1, where), K), reps))
+    return c1, cn
+
+
+def row(*cells):
+    print("| " + " | ".join(str(c) for c in cells) + " |", flush=True)
+
+
+for run in args:
+    model = model_from_checkpoint(load_checkpoint(run)).eval()
+    K = model.config.n_loop
+    torch.manual_seed(0)
+    x = torch.randint(0, model.config.vocab_size, (1, 16))
+    print(f"\n{run}: {model.rec.label}, K={K}, {N} new tokens after a 16-token random prompt, greedy, fp32, "
+          f"threads {threads}", flush=True)
+    row("decoder", "seconds", "tokens/s", "vs plain", "tokens/call", "proposals accepted", "lanes/call",
+        "= plain greedy", "predicted", "pred/meas")
+    row(*["---"] * 10)
+    model.generate(x, 4, temperature=0)
+    t = time.perf_counter()
+    want = model.generate(x, N, temperature=0)
+    plain = time.perf_counter() - t
+    row("plain cached", round(plain, 3), round(N / plain, 1), "1.00", f"{1 / K:.2f}", "-", 1, "100%", "-", "-")
+    c1, cn = call_costs(model, 16 + N // 2)
+    decoders = [Speculative(1, 2), Speculative(3, 4), Pipeline(1), Pipeline(2)]
+    decoders += [Pipeline(1, q2) for q2 in range(2, K)] + [Pipeline(2, q2) for q2 in range(3, K)]
+    for dec in decoders:
+        if isinstance(dec, Pipeline) and dec.propose >= K:
+            continue
+        t = time.perf_counter()
+        got = speculative.generate(model, x, N, dec, temperature=0)
+        sec = time.perf_counter() - t
+        same = f"{(got == want).float().mean():.0%}"
+        if isinstance(dec, Speculative):
+            row(dec.name(), round(sec, 3), round(N / sec, 1), f"{plain / sec:.2f}", "-", dec.cells()[0], "-", same,
+                "-", "-")
+            continue
+        a = dec.accepted / max(dec.judged, 1)
+        b = 1 - dec.replaced / max(dec.rechecked, 1)
+        lag = dec.propose if not dec.recheck else b * dec.propose + (1 - b) * dec.recheck
+        E = a * lag + (1 - a) * K
+        n = dec.lanes / dec.calls
+        lo = min(int(n), K - 1)
+        cost = cn[lo - 1] + (n - lo) * (cn[lo] - cn[lo - 1])
+        pred = K * c1 / (E * cost)
+        row(dec.name(), round(sec, 3), round(N / sec, 1), f"{plain / sec:.2f}", f"{dec.committed / dec.calls:.2f}",
+            f"{a:.1%}" + (f" (at {dec.recheck}: {b:.1%})" if dec.recheck else ""), f"{n:.2f}", same,
+            f"{pred:.2f}", f"{pred / (plain / sec):.2f}")
+    print(f"one loop_step call at {16 + N // 2} positions cached: plain (one token, KVCache) {c1 * 1e3:.3f} ms; "
+          + ", ".join(f"{n + 1} lanes {c * 1e3:.3f} ms ({c / c1:.2f}x)" for n, c in enumerate(cn)), flush=True)
