@@ -469,13 +469,12 @@ def topk_phi_seconds(model, B, T, ctx, device, steps):
 
 def sample_main(argv):
     """bench.py sample CONFIG [--new_tokens=256] [--prompt=16] [--ckpt=RUN] [--exit_rule=prob --exit_threshold=0.9]
-    [--speculative_draft_loops=1 --speculative_len=4] [--speculative_propose=1 [--speculative_recheck=2]]: new
-    tokens per second of greedy GPT.generate with and without
-    the key/value cache per (loop, layer), at a training config's shape (random weights) or a checkpoint's (--ckpt: its
-    shape and weights), in one run; with exit_rule also with adaptive depth (model.Exit): tokens/s, loops per token,
-    blocks saved, tokens equal to the all-loop sample; with speculative_draft_loops also exact self-speculative
-    decoding (speculative.py; draft-then-verify and pipelined, each a row): the same, its share of proposals accepted
-    and new tokens per full-depth verification (pipelined: per call)."""
+    [--speculative_draft_loops=1 --speculative_len=4] [--speculative_propose=1]: new tokens per second of greedy
+    GPT.generate with and without the key/value cache per (loop, layer), at a training config's shape (random weights)
+    or a checkpoint's (--ckpt: its shape and weights), in one run; with exit_rule also adaptive depth (model.Exit):
+    tokens/s, loops per token, blocks saved, tokens equal to the all-loop sample; with speculative_draft_loops and/or
+    speculative_propose exact self-speculative decoding (speculative.py; each a row): the same, the share of proposals
+    accepted and new tokens per full-depth verification (pipelined: per call)."""
     from checkpoint import load_checkpoint  # here: only sample reads a run
     from inference import EXIT_CHECKS, EXIT_KEYS, exit_option, model_from_checkpoint  # (the same)
     from speculative import SPEC_CHECKS, SPEC_KEYS, generate, spec_option  # (the same)
@@ -501,8 +500,7 @@ def sample_main(argv):
             model = GPT(GPTConfig.from_dict({**c, "block_size": max(c["block_size"], c["prompt"] + c["new_tokens"])}))
         exits = exit_option(c["exit_rule"], c["exit_threshold"], c["exit_min_loops"], model, ckpt=c["ckpt"] or None)
         spec = spec_option(c["speculative_draft_loops"], c["speculative_len"], model)  # a row of its own: exits apart
-        pipe = spec_option(0, SPEC_KEYS["speculative_len"], model, propose=c["speculative_propose"],
-                           recheck=c["speculative_recheck"])  # beside draft-then-verify: a row of its own
+        pipe = spec_option(0, 4, model, propose=c["speculative_propose"], recheck=c["speculative_recheck"])  # beside
         if c["prompt"] + c["new_tokens"] > model.config.block_size:
             raise ConfigError(f"prompt + new_tokens = {c['prompt'] + c['new_tokens']} exceeds the checkpoint's "
                               f"block_size={model.config.block_size}")
@@ -519,7 +517,7 @@ def sample_main(argv):
     model.generate(prompts[0], 2, temperature=0)  # warm-up: the first call pays one-time costs
     for name, uc, ex in runs:
         t = time.perf_counter()
-        out[name] = [generate(model, x, c["new_tokens"], ex, temperature=0) if ex is not None and ex in (spec, pipe) else
+        out[name] = [generate(model, x, c["new_tokens"], ex, temperature=0) if ex and ex in (spec, pipe) else
                      model.generate(x, c["new_tokens"], temperature=0, use_cache=uc, exits=ex) for x in prompts]
         seconds[name] = time.perf_counter() - t
     print(f"{model.rec.label}, K={cfg.n_loop}, {cfg.n_layer} layers, d={cfg.n_embd}, V={cfg.vocab_size}"
@@ -532,8 +530,7 @@ def sample_main(argv):
 
 def sample_table(runs, out, seconds, n, prompt, K, spec):
     """`bench.py sample`'s table: a row per run of n new tokens, beside the first run's (the cached all-loop one);
-    the speculative runs' (spec: both decoders, or None each) loops per token count every position they verified,
-    the rejected proposals' too."""
+    the speculative runs' (spec: both decoders) loops per token count every position they ran, rejected ones too."""
     base, rows = runs[0][0], []
     for name, uc, ex in runs:
         sp = ex if ex is not None and ex in spec else None

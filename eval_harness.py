@@ -225,7 +225,8 @@ CHECKS = {**SYSTEM_CHECKS, "batch_size": INT_GE1, "limit": INT_GE0, "json": OUTP
           **SPEC_CHECKS}
 CHECKED = {}  # {ckpt path: checkpoint} read by check_model_args, so that the harness's model does not read it again
 MODEL_ARG_INTS = {"n_loop": 0, "batch_size": 1, "max_gen_toks": 1, "exit_min_loops": 1,  # integer arguments, minimum
-                  "speculative_draft_loops": 0, "speculative_len": 1, "speculative_propose": 0, "speculative_recheck": 0}
+                  "speculative_draft_loops": 0, "speculative_len": 1, "speculative_propose": 0,
+                  "speculative_recheck": 0}
 
 
 def check_model_args(args):

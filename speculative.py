@@ -91,6 +91,7 @@ class Pipeline:
     rechecked: int = 0  # proposals judged at loop q2
     replaced: int = 0  # of those, replaced there
     committed: int = 0  # tokens committed
+    entered: int = 0   # lanes started (proposals and the tokens that replaced rejected ones)
 
     def __post_init__(self):
         if not (isinstance(self.propose, int) and self.propose >= 1 and isinstance(self.recheck, int)
@@ -264,17 +265,19 @@ def generate(model, idx, max_new_tokens, spec, temperature=1.0, top_k=None, n_lo
 
 class Lanes:
     """One layer's keys and values of every loop for the pipelined decoder: (K, kv heads, positions, head size)
-    buffers, row k - 1 = loop k's (a prelude's and a coda's blocks use row 0), each position written in place. A
+    buffers, row K - k = loop k's (a prelude's and a coda's blocks use loop 1's), each position written in place. A
     call's rows (`at`) are lanes at different loops and positions; each attends to its own loop's keys at positions up
-    to its own. A dropped lane's entries need no cut: a lane at position t reads loop k's keys below t only after the
-    live lane at each of those positions wrote them (lanes run in position order, each at least a loop behind)."""
+    to its own. Lanes in position order run descending loops, so their rows ascend: an even stride is a view, not a
+    copy. A dropped lane's entries need no cut: a lane at position t reads loop k's keys below t only after the live
+    lane at each of those positions wrote them (lanes run in position order, each at least a loop behind)."""
 
     def __init__(self, K, T):
         self.K, self.T, self.k, self.v = K, T, None, None
 
-    def at(self, loops, where, mask):
-        """This call's rows: their loops' rows (0-based), positions (B,) and what each sees (B, 1, 1, keys)."""
-        self.rows, self.where, self.mask = loops, where, mask
+    def at(self, rows, span, where, mask):
+        """This call's rows: buffer rows (B,) (as a slice when evenly spaced, else None), positions (B,) and what
+        each sees (B, 1, 1, keys)."""
+        self.rows, self.span, self.where, self.mask = rows, span, where, mask
         return self
 
     def start(self):
@@ -282,28 +285,39 @@ class Lanes:
 
     def extend(self, k, v):
         if self.k is None:  # (B, heads, 1, hs) rows: the buffers take their heads, size and dtype
-            shape = (self.K, k.size(1), self.T, k.size(3))
-            self.k, self.v = k.new_zeros(shape), v.new_zeros(shape)
+            self.allocate(k)
         self.k[self.rows, :, self.where] = k[:, :, 0]
         self.v[self.rows, :, self.where] = v[:, :, 0]
-        n = self.mask.size(-1)
-        return self.k[self.rows, :, :n], self.v[self.rows, :, :n], self.mask
+        n, rows = self.mask.size(-1), self.rows if self.span is None else self.span
+        return self.k[rows, :, :n], self.v[rows, :, :n], self.mask
+
+    def allocate(self, k):
+        shape = (self.K, k.size(1), self.T, k.size(3))
+        self.k, self.v = k.new_zeros(shape), k.new_zeros(shape)
 
     def load(self, cache, n):
         """Take the first n positions of a new_cache's entries for this layer (cache: one KVCache per loop)."""
-        for r, c in enumerate(cache):
+        for loop, c in enumerate(cache, 1):
             if len(c):
                 if self.k is None:
-                    shape = (self.K, c.k.size(1), self.T, c.k.size(3))
-                    self.k, self.v = c.k.new_zeros(shape), c.v.new_zeros(shape)
-                self.k[r, :, :n], self.v[r, :, :n] = c.k[0, :, :n], c.v[0, :, :n]
+                    self.allocate(c.k)
+                self.k[self.K - loop, :, :n], self.v[self.K - loop, :, :n] = c.k[0, :, :n], c.v[0, :, :n]
+
+    def entries(self, loop, n):
+        """Loop `loop`'s keys and values of the first n positions, (kv heads, n, head size) each."""
+        return self.k[self.K - loop, :, :n], self.v[self.K - loop, :, :n]
 
 
-def rows_at(caches, loops, where):
-    """Every layer's Lanes set to the rows (loops 0-based (B,), positions (B,)) of one call."""
-    n = int(where.max()) + 1
-    mask = (torch.arange(n, device=where.device) <= where[:, None])[:, None, None]  # (B, 1, 1, n)
-    return [c.at(loops, where, mask) for c in caches]
+def rows_at(caches, K, loops, where, device=None):
+    """Every layer's Lanes set to one call's rows: lanes at loops (B,) and positions (B,) (python lists)."""
+    rows = [K - k for k in loops]
+    step = rows[1] - rows[0] if len(rows) > 1 else 1
+    even = step > 0 and all(b - a == step for a, b in zip(rows, rows[1:]))
+    span = slice(rows[0], rows[-1] + 1, step) if even else None
+    pos = torch.tensor(where, device=device)
+    mask = (torch.arange(where[-1] + 1, device=pos.device) <= pos[:, None])[:, None, None]  # (B, 1, 1, keys)
+    rows = torch.tensor(rows, device=pos.device)
+    return [c.at(rows, span, pos, mask) for c in caches]
 
 
 @dataclass(eq=False)
@@ -345,25 +359,24 @@ def pipelined(model, idx, max_new_tokens, pipe, temperature=1.0, top_k=None, n_l
         return logits if greedy else sampling_probs(logits, temperature, top_k)
 
     def lane(tok, pos, q=None):
-        one = torch.tensor([pos], device=device)
-        x, pe = enter(model, tok, pos, rows_at(caches, one * 0, one))
+        pipe.entered += 1
+        x, pe = enter(model, tok, pos, rows_at(caches, K, [1], [pos], device))
         return Lane(pos, tok, x, None if pe is None else pe.view(1, 1, -1), q)
     lanes = [lane(out[-1], len(out) - 1)]
     while len(out) < end:
         run = [a for a in lanes if a.pos <= end - 2]  # a lane past that only holds a proposal for the one before
-        loops = torch.tensor([a.loop + 1 for a in run], device=device)
-        where = torch.tensor([a.pos for a in run], device=device)
+        loops = [a.loop + 1 for a in run]
         pe = torch.cat([a.pe for a in run]) if run[0].pe is not None else None
         x = torch.cat([a.x for a in run])  # (lanes, 1, d)
-        h, x_next = model.loop_step(loops, x, pe, rows_at(caches, loops - 1, where), K)
+        h, x_next = model.loop_step(torch.tensor(loops, device=device), x, pe,
+                                    rows_at(caches, K, loops, [a.pos for a in run], device), K)
         pipe.calls, pipe.lanes = pipe.calls + 1, pipe.lanes + len(run)
         for i, a in enumerate(run):
             a.loop, a.x = a.loop + 1, x_next[i:i + 1]
         reads = [i for i, a in enumerate(run) if a.loop in (pipe.propose, pipe.recheck, K)]
         hr = h[reads]
         if cfg.n_coda and run[0].loop == K:  # the position done with its loops passes the coda
-            one = where[:1]
-            hr[:1] = model.f_theta(hr[:1], cache=rows_at(caches, one * 0, one), part="coda")
+            hr[:1] = model.f_theta(hr[:1], cache=rows_at(caches, K, [1], [run[0].pos], device), part="coda")
         rows = model.head(hr)[:, 0].float()[:, :n_vocab]
         for i, logits in zip(reads, rows):
             a = run[i]

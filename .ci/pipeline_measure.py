@@ -5,11 +5,12 @@ arithmetic model's speed-up beside the measured one.
 
     python .ci/pipeline_measure.py /work/ckpt/small_disco_ll03 [more runs] [--new_tokens=200] [--threads=1]
 
-The model: plain costs K calls of one token per token (K c1). Pipelined, with a = the share of proposals kept at
-loop K (and b = the share kept at the second depth q2), a token costs E calls, E = a L + (1 - a) K, the lag
-L = q (without q2) or b q + (1 - b) q2: a kept proposal's lane is q (or q2) loops behind the one committed, a
-rejected one restarts at loop 1. A call over the mean lanes in flight costs c(n), interpolated from the measured
-c(1..K). Predicted speed-up: K c1 / (E c(n)); the decoder's head reads and bookkeeping are not in it.
+The model: plain costs K calls of one token and one head read per token (K c1 + r1). Pipelined, with a = the share
+of proposals kept at loop K (and b = the share kept at the second depth q2), a token costs E calls,
+E = a L + (1 - a) K, the lag L = q (without q2) or b q + (1 - b) q2: a kept proposal's lane is q (or q2) loops behind
+the one committed, a rejected one restarts at loop 1. A call over the mean lanes in flight n costs c(n), interpolated
+from the measured c(1..K), plus one head read of two rows r2; each lane started costs e (embedding), s per token.
+Predicted speed-up: (K c1 + r1) / (E (c(n) + r2) + s e); Python's bookkeeping per call is not in it.
 """
 import sys
 import time
@@ -54,10 +55,14 @@ def call_costs(model, ctx, reps=200):
             c.load([loop[i] for loop in cache], ctx)
         cn = []
         for n in range(1, K + 1):
-            loops, where = torch.arange(K, K - n, -1), torch.arange(ctx, ctx + n)
-            xs = torch.randn(n, 1, d)
-            cn.append(timed(lambda: model.loop_step(loops, xs, None, rows_at(lanes, loops - 1, where), K), reps))
-    return c1, cn
+            loops, where = list(range(K, K - n, -1)), list(range(ctx, ctx + n))
+            xs, ks = torch.randn(n, 1, d), torch.tensor(loops)
+            cn.append(timed(lambda: model.loop_step(ks, xs, None, rows_at(lanes, K, loops, where), K), reps))
+        h1, h2 = torch.randn(1, 1, d), torch.randn(2, 1, d)
+        r1 = timed(lambda: model.head(h1)[:, -1].float().argmax(-1), reps)
+        r2 = timed(lambda: model.head(h2)[:, 0].float().argmax(-1), reps)
+        e = timed(lambda: speculative.enter(model, 1, ctx, rows_at(lanes, K, [1], [ctx])), reps)
+    return c1, cn, r1, r2, e
 
 
 def row(*cells):
@@ -79,7 +84,7 @@ for run in args:
     want = model.generate(x, N, temperature=0)
     plain = time.perf_counter() - t
     row("plain cached", round(plain, 3), round(N / plain, 1), "1.00", f"{1 / K:.2f}", "-", 1, "100%", "-", "-")
-    c1, cn = call_costs(model, 16 + N // 2)
+    c1, cn, r1, r2, e = call_costs(model, 16 + N // 2)
     decoders = [Speculative(1, 2), Speculative(3, 4), Pipeline(1), Pipeline(2)]
     decoders += [Pipeline(1, q2) for q2 in range(2, K)] + [Pipeline(2, q2) for q2 in range(3, K)]
     for dec in decoders:
@@ -100,9 +105,10 @@ for run in args:
         n = dec.lanes / dec.calls
         lo = min(int(n), K - 1)
         cost = cn[lo - 1] + (n - lo) * (cn[lo] - cn[lo - 1])
-        pred = K * c1 / (E * cost)
+        pred = (K * c1 + r1) / (E * (cost + r2) + e * dec.entered / dec.committed)
         row(dec.name(), round(sec, 3), round(N / sec, 1), f"{plain / sec:.2f}", f"{dec.committed / dec.calls:.2f}",
             f"{a:.1%}" + (f" (at {dec.recheck}: {b:.1%})" if dec.recheck else ""), f"{n:.2f}", same,
             f"{pred:.2f}", f"{pred / (plain / sec):.2f}")
     print(f"one loop_step call at {16 + N // 2} positions cached: plain (one token, KVCache) {c1 * 1e3:.3f} ms; "
-          + ", ".join(f"{n + 1} lanes {c * 1e3:.3f} ms ({c / c1:.2f}x)" for n, c in enumerate(cn)), flush=True)
+          + ", ".join(f"{n + 1} lanes {c * 1e3:.3f} ms ({c / c1:.2f}x)" for n, c in enumerate(cn))
+          + f"; head read of 1 / 2 rows {r1 * 1e3:.3f} / {r2 * 1e3:.3f} ms; a lane's start {e * 1e3:.3f} ms", flush=True)
