@@ -333,16 +333,31 @@ class Lane:
     loop: int = 0
 
 
+def advance(model, run, caches, K, read, device):
+    """One call: every lane in `run` one loop further (GPT.loop_step, a row per lane, each at its own loop); the
+    indices of the lanes now at a loop in `read` and their head's float logits (the one done with loop K first, after
+    the coda)."""
+    loops = [a.loop + 1 for a in run]
+    pe = torch.cat([a.pe for a in run]) if run[0].pe is not None else None
+    x = torch.cat([a.x for a in run])  # (lanes, 1, d)
+    h, x_next = model.loop_step(torch.tensor(loops, device=device), x, pe,
+                                rows_at(caches, K, loops, [a.pos for a in run], device), K)
+    for i, a in enumerate(run):
+        a.loop, a.x = a.loop + 1, x_next[i:i + 1]
+    reads = [i for i, a in enumerate(run) if a.loop in read]
+    hr = h[reads]
+    if model.config.n_coda and run[0].loop == K:  # the position done with its loops passes the coda
+        hr[:1] = model.f_theta(hr[:1], cache=rows_at(caches, K, [1], [run[0].pos], device), part="coda")
+    return reads, model.head(hr)[:, 0].float()
+
+
 @torch.no_grad()
 def pipelined(model, idx, max_new_tokens, pipe, temperature=1.0, top_k=None, n_loop=None, generator=None, n_vocab=None,
               stop=None, cache=None):
     """GPT.generate (batch 1) through pipelined self-speculation: one GPT.loop_step call per step over every lane in
-    flight, each at its own loop. See the module's docstring and generate."""
+    flight, each at its own loop (recurrence='none' is refused there). See the module's docstring and generate."""
     cfg, K = model.config, n_loop or model.config.n_loop
     check(model, idx, max_new_tokens, K, pipe.propose)
-    if model.rec.copies:
-        raise ValueError("pipelined decoding runs every loop in one call of shared blocks: recurrence='none' has K "
-                         "untied copies (draft-then-verify instead)")
     if pipe.recheck and not pipe.propose < pipe.recheck < K:
         raise ValueError(f"recheck={pipe.recheck} is invalid with propose={pipe.propose} and {K} loops: allowed 0 or "
                          f"{pipe.propose + 1}..{K - 1}")
@@ -365,20 +380,9 @@ def pipelined(model, idx, max_new_tokens, pipe, temperature=1.0, top_k=None, n_l
     lanes = [lane(out[-1], len(out) - 1)]
     while len(out) < end:
         run = [a for a in lanes if a.pos <= end - 2]  # a lane past that only holds a proposal for the one before
-        loops = [a.loop + 1 for a in run]
-        pe = torch.cat([a.pe for a in run]) if run[0].pe is not None else None
-        x = torch.cat([a.x for a in run])  # (lanes, 1, d)
-        h, x_next = model.loop_step(torch.tensor(loops, device=device), x, pe,
-                                    rows_at(caches, K, loops, [a.pos for a in run], device), K)
         pipe.calls, pipe.lanes = pipe.calls + 1, pipe.lanes + len(run)
-        for i, a in enumerate(run):
-            a.loop, a.x = a.loop + 1, x_next[i:i + 1]
-        reads = [i for i, a in enumerate(run) if a.loop in (pipe.propose, pipe.recheck, K)]
-        hr = h[reads]
-        if cfg.n_coda and run[0].loop == K:  # the position done with its loops passes the coda
-            hr[:1] = model.f_theta(hr[:1], cache=rows_at(caches, K, [1], [run[0].pos], device), part="coda")
-        rows = model.head(hr)[:, 0].float()[:, :n_vocab]
-        for i, logits in zip(reads, rows):
+        reads, rows = advance(model, run, caches, K, (pipe.propose, pipe.recheck, K), device)
+        for i, logits in zip(reads, rows[:, :n_vocab]):
             a = run[i]
             if a not in lanes:  # dropped by a rejection before it in this call
                 continue
