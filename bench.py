@@ -469,11 +469,12 @@ def topk_phi_seconds(model, B, T, ctx, device, steps):
 
 def sample_main(argv):
     """bench.py sample CONFIG [--new_tokens=256] [--prompt=16] [--ckpt=RUN] [--exit_rule=prob --exit_threshold=0.9]
-    [--speculative_draft_loops=1 --speculative_len=4]: new tokens per second of greedy GPT.generate with and without
-    the key/value cache per (loop, layer), at a training config's shape (random weights) or a checkpoint's (--ckpt: its
-    shape and weights), in one run; with exit_rule also with adaptive depth (model.Exit): tokens/s, loops per token,
-    blocks saved, tokens equal to the all-loop sample; with speculative_draft_loops also exact self-speculative
-    decoding (speculative.py): the same, its share of drafts accepted and new tokens per full-depth verification."""
+    [--speculative_draft_loops=1 --speculative_len=4] [--speculative_propose=1]: new tokens per second of greedy
+    GPT.generate with and without the key/value cache per (loop, layer), at a training config's shape (random weights)
+    or a checkpoint's (--ckpt: its shape and weights), in one run; with exit_rule also adaptive depth (model.Exit):
+    tokens/s, loops per token, blocks saved, tokens equal to the all-loop sample; with speculative_draft_loops and/or
+    speculative_propose exact self-speculative decoding (speculative.py; each a row): the same, the share of proposals
+    accepted and new tokens per full-depth verification (pipelined: per call)."""
     from checkpoint import load_checkpoint  # here: only sample reads a run
     from inference import EXIT_CHECKS, EXIT_KEYS, exit_option, model_from_checkpoint  # (the same)
     from speculative import SPEC_CHECKS, SPEC_KEYS, generate, spec_option  # (the same)
@@ -499,6 +500,7 @@ def sample_main(argv):
             model = GPT(GPTConfig.from_dict({**c, "block_size": max(c["block_size"], c["prompt"] + c["new_tokens"])}))
         exits = exit_option(c["exit_rule"], c["exit_threshold"], c["exit_min_loops"], model, ckpt=c["ckpt"] or None)
         spec = spec_option(c["speculative_draft_loops"], c["speculative_len"], model)  # a row of its own: exits apart
+        pipe = spec_option(0, 4, model, propose=c["speculative_propose"], recheck=c["speculative_recheck"])  # beside
         if c["prompt"] + c["new_tokens"] > model.config.block_size:
             raise ConfigError(f"prompt + new_tokens = {c['prompt'] + c['new_tokens']} exceeds the checkpoint's "
                               f"block_size={model.config.block_size}")
@@ -510,11 +512,12 @@ def sample_main(argv):
     runs = [("with the (loop, layer) cache", True, None), ("without (whole prefix every token)", False, None)]
     runs += [(f"cache + exits ({exits.rule} {exits.threshold:g}, min {exits.min_loops})", True, exits)] if exits else []
     runs += [(f"speculative (draft {spec.draft_loops} loops, {spec.draft_len} tokens)", True, spec)] if spec else []
+    runs += [(pipe.name(), True, pipe)] if pipe else []
     seconds, out = {}, {}
     model.generate(prompts[0], 2, temperature=0)  # warm-up: the first call pays one-time costs
     for name, uc, ex in runs:
         t = time.perf_counter()
-        out[name] = [generate(model, x, c["new_tokens"], ex, temperature=0) if ex is not None and ex is spec else
+        out[name] = [generate(model, x, c["new_tokens"], ex, temperature=0) if ex and ex in (spec, pipe) else
                      model.generate(x, c["new_tokens"], temperature=0, use_cache=uc, exits=ex) for x in prompts]
         seconds[name] = time.perf_counter() - t
     print(f"{model.rec.label}, K={cfg.n_loop}, {cfg.n_layer} layers, d={cfg.n_embd}, V={cfg.vocab_size}"
@@ -522,22 +525,22 @@ def sample_main(argv):
           f"tokens after a {c['prompt']}-token prompt, greedy, fp32, threads {torch.get_num_threads()}")
     if not c["ckpt"] and cfg.block_size > c["block_size"]:  # random weights: a longer context costs only positions
         print(f"block_size raised from the config's {c['block_size']} to {cfg.block_size} = prompt + new_tokens")
-    print(sample_table(runs, out, seconds, c["samples"] * c["new_tokens"], c["prompt"], cfg.n_loop, spec))
+    print(sample_table(runs, out, seconds, c["samples"] * c["new_tokens"], c["prompt"], cfg.n_loop, (spec, pipe)))
 
 
 def sample_table(runs, out, seconds, n, prompt, K, spec):
     """`bench.py sample`'s table: a row per run of n new tokens, beside the first run's (the cached all-loop one);
-    the speculative run's loops per token count every position it verified, its rejected drafts too."""
+    the speculative runs' (spec: both decoders) loops per token count every position they ran, rejected ones too."""
     base, rows = runs[0][0], []
     for name, uc, ex in runs:
-        sp = ex if ex is not None and ex is spec else None
+        sp = ex if ex is not None and ex in spec else None
         new = [t.flatten() for t in ex.loops if t.size(1) == 1] if ex and not sp else []  # the new tokens' passes
         loops = sp.loops_per_token(K) if sp else torch.cat(new).float().mean().item() if new else K
         same = sum(int((a == b).sum()) - prompt for a, b in zip(out[name], out[base])) / n
         rows.append([name, round(seconds[name], 3), round(n / seconds[name], 1), round(seconds[base] / seconds[name], 2),
                      round(loops, 3), f"{1 - loops / K:.1%}", f"{same:.1%}", *(sp.cells() if sp else ["-", "-"])])
     return table(["generate", "seconds", "new tokens/s", "vs cache", "loops/token", "looped blocks saved",
-                  "tokens = cached all-loop", "drafts accepted", "tokens/verification"], rows)
+                  "tokens = cached all-loop", "proposals accepted", "tokens/verification (or call)"], rows)
 
 
 # subcommand -> its main(argv); no subcommand: the default CPU-shape comparison (main)

@@ -62,7 +62,8 @@ def folder_tokenizer_first(path):
 @register_model("discoloop")
 class DiscoLoopLM(TemplateLM):
     def __init__(self, ckpt, n_loop=None, batch_size=16, device="auto", dtype="auto", max_gen_toks=256, exit_rule="",
-                 exit_threshold=-1, exit_min_loops=1, speculative_draft_loops=0, speculative_len=4, **_):
+                 exit_threshold=-1, exit_min_loops=1, speculative_draft_loops=0, speculative_len=4,
+                 speculative_propose=0, speculative_recheck=0, **_):
         super().__init__()
         self.dev = resolve_device(device)
         if hf_folder(ckpt):  # e.g. the pretrained model a looped one was continued from (data/smollm2/out)
@@ -80,7 +81,8 @@ class DiscoLoopLM(TemplateLM):
                               f"{K if self.model.rec.copies else 'any'} for recurrence={self.model.config.recurrence!r}")
         self.exits = exit_option(exit_rule, exit_threshold, exit_min_loops, self.model, self.n_loop,
                                  ckpt if isinstance(ckpt, str) else None)  # 'gate': the gate beside the checkpoint
-        self.spec = spec_option(int(speculative_draft_loops), int(speculative_len), self.model, self.n_loop, self.exits)
+        self.spec = spec_option(int(speculative_draft_loops), int(speculative_len), self.model, self.n_loop, self.exits,
+                                propose=int(speculative_propose), recheck=int(speculative_recheck))
         self.loops = [0, 0]  # adaptive depth: loops run by the scored inputs' tokens, and how many tokens
         self.batch = int(batch_size)
         self.max_gen_toks = int(max_gen_toks)
@@ -223,7 +225,8 @@ CHECKS = {**SYSTEM_CHECKS, "batch_size": INT_GE1, "limit": INT_GE0, "json": OUTP
           **SPEC_CHECKS}
 CHECKED = {}  # {ckpt path: checkpoint} read by check_model_args, so that the harness's model does not read it again
 MODEL_ARG_INTS = {"n_loop": 0, "batch_size": 1, "max_gen_toks": 1, "exit_min_loops": 1,  # integer arguments, minimum
-                  "speculative_draft_loops": 0, "speculative_len": 1}
+                  "speculative_draft_loops": 0, "speculative_len": 1, "speculative_propose": 0,
+                  "speculative_recheck": 0}
 
 
 def check_model_args(args):
@@ -323,7 +326,7 @@ def main(argv):
     if depth is not None:
         print(f"adaptive depth ({c['exit_rule']} {lm.exits.threshold:g}, min {c['exit_min_loops']}): {depth:.3f} loops per "
               f"token of {lm.n_loop or lm.model.config.n_loop}, over {lm.loops[1]} tokens of the scored inputs")
-    if lm.spec is not None and lm.spec.rounds:  # only generate_until's tasks generate
+    if lm.spec is not None and lm.spec.loops_per_token(1):  # only generate_until's tasks generate
         print(lm.spec.summary())
     result = {"row": row, "results": res["results"], "n_loop": c["n_loop"] or None, "mean_loops": depth,
               "exit": {**{k: c[k] for k in EXIT_KEYS}, "exit_threshold": lm.exits.threshold if lm.exits else -1}}

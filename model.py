@@ -51,42 +51,19 @@ NORMS = ("rmsnorm", "layernorm")
 MLPS = ("swiglu", "gelu")
 POS_EMBS = ("rope", "learned", "none")
 GATES = ("fixed", "learned")
-# activation_checkpointing, what a block keeps for backward: "none" all; "block" its input (all else reruns); "attn" also
-# the attention ops' outputs and log-sum-exp; "attn_mm" also every matmul's (torchtitan's list, less its every-other-mm)
+# activation_checkpointing, what a block keeps for backward: "none" all; "block" its input (all else reruns);
+# "attn" also the attention ops' outputs and log-sum-exp; "attn_mm" also every matmul's (torchtitan's list, less its
+# every-other-mm). Their op lists are beside Block
 CHECKPOINTING = ("none", "block", "attn", "attn_mm", "auto")
-SDPA_OPS = [getattr(torch.ops.aten, "_scaled_dot_product_" + n).default for n in ("flash_attention", "efficient_attention",
-            "cudnn_attention", "flash_attention_for_cpu") if hasattr(torch.ops.aten, "_scaled_dot_product_" + n)]
-MATMUL_OPS = [torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default]
-CONTEXTS = {name: {"context_fn": functools.partial(create_selective_checkpoint_contexts, ops)}  # a list's policy_fn: MUST_SAVE
-            for name, ops in (("attn", SDPA_OPS), ("attn_mm", SDPA_OPS + MATMUL_OPS))}  # its ops, PREFER_RECOMPUTE the rest
-
-
-@dataclass
-class Exit:
-    """Adaptive depth, at inference only: after loop k < n_loop a token stops once its decoded p (top-k Phi: its top k
-    renormalised) is settled: "prob": max p >= threshold; "kl": KL(p_k-1 || p_k) <= threshold (from loop 2 on); "gate":
-    score(h, p, p_k-1) >= threshold. Its state then stays what feeds loop k+1; later tokens attend to its keys, values."""
-    rule: str = "prob"
-    threshold: float = 0.9
-    min_loops: int = 1  # no exit before this many loops
-    loops: list = None  # each forward appends its (B, T) exit loops (blocks run: these x the looped layers)
-    score: object = None  # "gate": a learned exit's callable (h, p, p_k-1 or None) -> (B, T) in 0..1 (inference.py's)
-
-    def __post_init__(self):
-        hi, self.loops = math.inf if self.rule == "kl" else 1, []
-        rules = ("prob", "kl", "gate") if callable(self.score) else ("prob", "kl")  # 'gate' needs its score
-        if self.rule not in rules or not 0 <= self.threshold <= hi or self.min_loops < 1:
-            raise ValueError(f"exit rule={self.rule!r}, threshold={self.threshold!r}, min_loops={self.min_loops!r} is "
-                             f"invalid: allowed rule 'prob', 'kl' or 'gate' (with a score), threshold 0..{hi}, min_loops >= 1")
 
 
 @dataclass
 class GPTConfig:
     block_size: int = 1024     # longest sequence (RoPE tables and learned positions are this long)
-    vocab_size: int = 50304    # embedding rows (tied with the head unless tie_embeddings=False); train.py: 0 = the data's
+    vocab_size: int = 50304    # embedding rows (tied with the head unless tie_embeddings=False); train.py: 0 = data's
     n_layer: int = 12          # blocks in the stack: f_theta (one loop), plus the prelude and coda if any
-    n_prelude: int = 0         # the first n_prelude blocks run once before the loop, n_coda blocks once after it; f_theta
-    n_coda: int = 0            # is the middle (McLeish et al. 2025's retrofitted recurrence of a pretrained model)
+    n_prelude: int = 0         # the first n_prelude blocks run once before the loop (f_theta is the middle blocks)
+    n_coda: int = 0            # the last n_coda blocks run once after it (McLeish et al. 2025's retrofitted recurrence)
     n_head: int = 12           # attention heads
     n_kv_head: int = 0         # key/value heads (grouped-query attention, Llama/Qwen2): 0 = n_head; must divide n_head
     n_embd: int = 768          # model width d
@@ -95,10 +72,10 @@ class GPTConfig:
     pos_emb: str = "rope"      # "rope" (pretraining backbone) or "learned" (GPT-2 base of the symbolic runs)
     rope_theta: float = 10000.0  # RoPE base
     pos_every_loop: bool = False  # learned positions: add them before every loop, not only to the tokens
-    pos_shift: int = 0         # learned positions, training only: each sequence starts at a random 0..pos_shift, so rows
-                               # past the longest example train too (hop extrapolation; Ruoss et al. 2023); eval at 0
+    pos_shift: int = 0         # learned positions, training only: each sequence starts at a random 0..pos_shift
+                               # (rows past the longest example train too: hop extrapolation, Ruoss et al. 2023)
     sandwich_norm: bool = False  # Ouro-style: also norm each sublayer's output before the residual add
-    scaled_init: bool = True   # GPT-2: c_proj ~ N(0, 0.02/sqrt(2 n_layer K)); False = Ouro's N(0, 0.02) for every Linear
+    scaled_init: bool = True   # GPT-2: c_proj ~ N(0, 0.02/sqrt(2 n_layer K)); False = Ouro's N(0, 0.02) everywhere
     per_loop_norm: bool = False  # Ouro: ln_f after every loop, and the normed state feeds the next loop
     ponder_scale_embeds: bool = False     # PonderLM's scale_embeds: the input embedding times sqrt(d)
     ponder_multiply_steps: bool = False   # PonderLM's mutiply_pondering_steps: the input embedding times K-1
@@ -106,7 +83,7 @@ class GPTConfig:
     mlp: str = "swiglu"        # "swiglu" or "gelu" (GPT-2: 4d hidden)
     bias: bool = False         # biases in Linear layers and LayerNorm (GPT-2 has them)
     qkv_bias: bool = False     # biases on the q, k, v projections only (Qwen2); `bias` already includes them
-    norm_eps: float = 0.0      # blocks' and ln_f's epsilon: 0 = the norm's own (RMSNorm 1e-6, LayerNorm 1e-5; ln_inj 1e-6)
+    norm_eps: float = 0.0      # blocks' and ln_f's epsilon: 0 = the norm's own (RMSNorm 1e-6, LayerNorm 1e-5)
     tie_embeddings: bool = True  # head W = embedding W; False (Llama, Qwen2): Phi decodes with the head, encodes with W
     recurrence: str = "disco"  # "disco" | "loop" | "none" (K untied copies) | "ponder" (PonderLM): RECURRENCES
     n_loop: int = 2            # K: applications of f_theta
@@ -115,11 +92,11 @@ class GPTConfig:
     phi_tau: float = 1.0       # softmax temperature of Phi, and of what an exit reads where Phi decodes (a loop's: 1)
     phi_topk: int = 0        # 0 = exact Phi over the vocabulary; k > 0 = Phi_k (Appendix B)
     phi_chunk: int = 0       # positions per chunk when decoding Phi (0 = all at once); bounds the B*chunk*V logits
-    phi_kernel: str = "auto"  # top-k Phi's kernel (kernels.PHI_KERNELS, equal in float64): "auto" = csr on CUDA, else bag
+    phi_kernel: str = "auto"  # top-k Phi's kernel (kernels.PHI_KERNELS, equal in float64): "auto" = csr on CUDA, bag
     label_smoothing: float = 0.0  # label smoothing of the training loss
     loop_loss: float = 0.0     # training adds this x the mean loss of the head read after each earlier loop (0 = off)
     loss_chunk: int = 1024     # positions per chunk of the head + cross-entropy (0 = all): bounds the (chunk, V) logits
-    activation_checkpointing: str = "none"  # none|block|attn|attn_mm (CHECKPOINTING); auto: least recompute that fits the GPU
+    activation_checkpointing: str = "none"  # none|block|attn|attn_mm (CHECKPOINTING); auto: least recompute that fits
     # when a key acts (configurator.inert: train.py and bench.py refuse a typed inert key, note a config file's): a
     # key or a family prefix ('phi_': every Phi key, later ones too) -> (predicate over the keys, what it needs)
     ACTIVE = {"phi_": (lambda c: RECURRENCES[c["recurrence"]].phi, "a recurrence that decodes Phi ('disco' or "
@@ -137,8 +114,9 @@ class GPTConfig:
     def __post_init__(self):
         def bad(name, allowed):
             raise ValueError(f"{name}={getattr(self, name)!r} is invalid: allowed {allowed}")
-        for name, allowed in {"recurrence": tuple(RECURRENCES), "disco_gate": GATES, "pos_emb": POS_EMBS, "norm": NORMS,
-                              "mlp": MLPS, "phi_kernel": tuple(PHI_KERNELS), "activation_checkpointing": CHECKPOINTING}.items():
+        choices = {"recurrence": tuple(RECURRENCES), "disco_gate": GATES, "pos_emb": POS_EMBS, "norm": NORMS,
+                   "mlp": MLPS, "phi_kernel": tuple(PHI_KERNELS), "activation_checkpointing": CHECKPOINTING}
+        for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 bad(name, allowed)
         for name in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd", "n_loop"):
@@ -150,11 +128,11 @@ class GPTConfig:
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
                 bad(name, "an integer >= 0")
         if (self.n_prelude or self.n_coda) and self.recurrence not in ("loop", "disco"):
-            raise ValueError(f"n_prelude={self.n_prelude}, n_coda={self.n_coda} need recurrence 'loop' or 'disco' (PonderLM "
-                             f"passes the whole model, 'none' copies it), not {self.recurrence!r}")
+            raise ValueError(f"n_prelude={self.n_prelude}, n_coda={self.n_coda} need recurrence 'loop' or 'disco' "
+                             f"(PonderLM passes the whole model, 'none' copies it), not {self.recurrence!r}")
         if self.n_prelude + self.n_coda >= self.n_layer:
-            raise ValueError(f"n_prelude={self.n_prelude} + n_coda={self.n_coda} leave no block of n_layer={self.n_layer} "
-                             "to loop: allowed n_prelude + n_coda < n_layer")
+            raise ValueError(f"n_prelude={self.n_prelude} + n_coda={self.n_coda} leave no block of "
+                             f"n_layer={self.n_layer} to loop: allowed n_prelude + n_coda < n_layer")
         kv = self.n_kv_head
         if not isinstance(kv, int) or kv < 0 or (kv and self.n_head % kv):
             bad("n_kv_head", f"0 (= n_head) or a divisor of n_head={self.n_head}")
@@ -172,16 +150,20 @@ class GPTConfig:
         if RECURRENCES[self.recurrence].phi and self.n_loop < 2:
             bad("n_loop", f"an integer >= 2 for recurrence={self.recurrence!r} (one loop has no injection; "
                           "use recurrence='loop' for a single pass)")
-        for name, lo in (("disco_alpha", -math.inf), ("rope_theta", 0)):  # a RoPE base <= 0: NaN angles, no error
-            if not (getattr(self, name) > lo and math.isfinite(getattr(self, name))):
-                bad(name, "a finite number" + " > 0" * (lo == 0))
+        if not math.isfinite(self.disco_alpha):
+            bad("disco_alpha", "a finite number")
+        if not (self.rope_theta > 0 and math.isfinite(self.rope_theta)):  # a RoPE base <= 0: NaN angles, no error
+            bad("rope_theta", "a finite number > 0")
         if not 0 <= self.phi_topk <= self.vocab_size:
             bad("phi_topk", f"0 (exact) or 1..vocab_size={self.vocab_size}")
-        for name in ("dropout", "label_smoothing", "loop_loss"):
-            if not 0 <= getattr(self, name) < 1 or name == "loop_loss" and self.loop_loss and self.n_coda:
-                bad(name, f"0 <= {name} < 1" + (" and 0 with n_coda > 0 (no early state passes the coda)" * (name == "loop_loss")))
-        for name, allowed in (("n_hidden", "0 (auto) or a positive width"), ("loss_chunk", "0 (no chunking) or a "
-                              "positive number of positions"), ("phi_chunk", "0 (no chunking) or a positive number of positions")):
+        for name in ("dropout", "label_smoothing"):
+            if not 0 <= getattr(self, name) < 1:
+                bad(name, f"0 <= {name} < 1")
+        if not 0 <= self.loop_loss < 1 or self.loop_loss and self.n_coda:
+            bad("loop_loss", "0 <= loop_loss < 1 and 0 with n_coda > 0 (no early state passes the coda)")
+        chunks = "0 (no chunking) or a positive number of positions"
+        sizes = (("n_hidden", "0 (auto) or a positive width"), ("loss_chunk", chunks), ("phi_chunk", chunks))
+        for name, allowed in sizes:
             if getattr(self, name) < 0:
                 bad(name, allowed)
 
@@ -199,8 +181,8 @@ class GPTConfig:
 # Keys a continuation may set (the looping, the window, training's); the rest is the architecture the weights decide
 CONTINUE_KEYS = ("block_size", "n_prelude", "n_coda", "recurrence", "n_loop", "disco_gate", "disco_alpha", "phi_tau",
                  "phi_topk", "phi_chunk", "phi_kernel", "pos_every_loop", "per_loop_norm", "ponder_scale_embeds",
-                 "ponder_multiply_steps", "pos_shift", "dropout", "scaled_init", "label_smoothing", "loop_loss", "loss_chunk",
-                 "activation_checkpointing")
+                 "ponder_multiply_steps", "pos_shift", "dropout", "scaled_init", "label_smoothing", "loop_loss",
+                 "loss_chunk", "activation_checkpointing")
 ARCH_KEYS = tuple(k for k in GPTConfig.defaults() if k not in CONTINUE_KEYS)
 
 
@@ -234,21 +216,42 @@ def apply_rope(x, cos, sin):
 
 
 class KVCache:
-    """Keys and values of one attention layer in one loop: K x n_layer of them for generation (GPT.new_cache). Exact for
-    every recurrence: the updates between loops act per position, so position t's state depends only on positions <= t."""
+    """Keys and values of one attention layer in one loop: K x n_layer of them for generation (GPT.new_cache). Exact
+    for every recurrence: the updates between loops act per position, so position t's state depends only on positions
+    <= t. The attention asks a cache where its new rows are (start) and what they attend to (extend); speculative.py's
+    Lanes answers the same two questions for rows at different positions and loops."""
 
     k = v = None  # (B, kv heads, positions, head size) each, once the first position is in
 
     def __len__(self):
         return 0 if self.k is None else self.k.size(2)
 
+    def start(self):
+        """The first new position (the rows of a call continue the positions cached)."""
+        return len(self)
+
     def extend(self, k, v):
+        """Store the new rows' keys and values: (every key, every value, the mask of what each new query sees; None:
+        causal from the top left, which a single new row or an empty cache needs)."""
+        t0, T = len(self), k.size(2)
         self.k = k if self.k is None else torch.cat([self.k, k], dim=2)
         self.v = v if self.v is None else torch.cat([self.v, v], dim=2)
-        return self.k, self.v
+        mask = None
+        if t0 and T > 1:
+            mask = torch.ones(T, t0 + T, dtype=torch.bool, device=k.device).tril(diagonal=t0)
+        return self.k, self.v, mask
 
-    def crop(self, n):  # keep the first n positions (speculative.py cuts back past a rejected draft)
-        self.k, self.v = (None, None) if self.k is None else (self.k[:, :, :n], self.v[:, :, :n])
+    def crop(self, n):
+        """Keep the first n positions (speculative.py cuts back past a rejected draft)."""
+        if self.k is not None:
+            self.k, self.v = self.k[:, :, :n], self.v[:, :, :n]
+
+
+def rope_at(rope, t0, T):
+    """RoPE's (cos, sin) of positions t0..t0+T-1, or of each row's own (t0 a (B, T) tensor of positions)."""
+    if torch.is_tensor(t0):
+        return rope[0][t0][:, None], rope[1][t0][:, None]  # (B, 1, T, head_dim/2)
+    return rope[0][t0:t0 + T], rope[1][t0:t0 + T]
 
 
 class CausalSelfAttention(nn.Module):
@@ -265,21 +268,19 @@ class CausalSelfAttention(nn.Module):
     def forward(self, x, rope=None, cache=None):
         B, T, C = x.size()
         hs = C // self.n_head
-        t0 = len(cache) if cache is not None else 0  # positions already cached: these are t0 .. t0+T-1
         q, k, v = self.c_attn(x).split([C, self.kv_dim, self.kv_dim], dim=2)
         q = q.view(B, T, self.n_head, hs).transpose(1, 2)
-        k, v = (t.view(B, T, self.n_kv_head, hs).transpose(1, 2) for t in (k, v))  # the cache keeps kv heads only
+        k = k.view(B, T, self.n_kv_head, hs).transpose(1, 2)  # the cache keeps kv heads only
+        v = v.view(B, T, self.n_kv_head, hs).transpose(1, 2)
         if rope is not None:
-            cos, sin = rope[0][t0:t0 + T], rope[1][t0:t0 + T]
+            cos, sin = rope_at(rope, cache.start() if cache is not None else 0, T)
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        mask = None  # causal (SDPA's is_causal aligns top-left)
         if cache is not None:
-            k, v = cache.extend(k, v)
-        mask = None  # causal; with a cache the new queries see every cached key (SDPA's is_causal aligns top-left)
-        if t0 and T > 1:
-            mask = torch.ones(T, t0 + T, dtype=torch.bool, device=x.device).tril(diagonal=t0)
+            k, v, mask = cache.extend(k, v)
         # GQA: query head i reads key/value head i // (n_head / n_kv_head) (Hugging Face's repeat_kv)
         gqa = {"enable_gqa": True} if self.n_kv_head != self.n_head else {}
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=t0 == 0 and T > 1,
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None and T > 1,
                                            dropout_p=self.dropout if self.training else 0.0, **gqa)
         return self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C))
 
@@ -300,6 +301,15 @@ class MLP(nn.Module):  # SwiGLU (Llama/Ouro) or GELU (GPT-2)
         return self.c_proj(F.gelu(self.c_fc(x), approximate="tanh"))
 
 
+# selective activation checkpointing (CHECKPOINTING): a policy's ops are kept (MUST_SAVE), the rest recomputed
+SDPA_OPS = [getattr(torch.ops.aten, "_scaled_dot_product_" + n).default
+            for n in ("flash_attention", "efficient_attention", "cudnn_attention", "flash_attention_for_cpu")
+            if hasattr(torch.ops.aten, "_scaled_dot_product_" + n)]
+MATMUL_OPS = [torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default]
+CONTEXTS = {name: {"context_fn": functools.partial(create_selective_checkpoint_contexts, ops)}
+            for name, ops in (("attn", SDPA_OPS), ("attn_mm", SDPA_OPS + MATMUL_OPS))}
+
+
 class Block(nn.Module):
     def __init__(self, config):
         super().__init__()
@@ -316,9 +326,11 @@ class Block(nn.Module):
 
     def forward(self, x, rope=None, cache=None):
         if self.policy != "none" and torch.is_grad_enabled():
-            # in forward, so compile_blocks compiles checkpoint(block), which keeps memory and policy (pytorch#161889). Non-
-            # reentrant: replays dropout's RNG. Selective: no autocast cache, or loop 2's forward skips casts its rerun makes
-            with torch.autocast(x.device.type, enabled=torch.is_autocast_enabled(x.device.type), cache_enabled=self.policy == "block"):
+            # in forward, so compile_blocks compiles checkpoint(block), which keeps memory and policy (pytorch#161889).
+            # Non-reentrant: replays dropout's RNG. Selective: no autocast cache, or loop 2's forward skips casts its
+            # rerun makes
+            device, cached = x.device.type, self.policy == "block"
+            with torch.autocast(device, enabled=torch.is_autocast_enabled(device), cache_enabled=cached):
                 return checkpoint(self.layers, x, rope, cache, use_reentrant=False, **CONTEXTS.get(self.policy, {}))
         return self.layers(x, rope, cache)
 
@@ -374,7 +386,8 @@ class GPT(nn.Module):
             nn.init.zeros_(module.bias)
 
     def projection_splits(self):
-        """{fused weight: row sizes of its projections}: q, k, v in c_attn, gate, up in a SwiGLU c_fc (Muon's matrices)."""
+        """{fused weight: row sizes of its projections}: q, k, v in c_attn, gate, up in a SwiGLU c_fc (Muon's
+        matrices)."""
         d, out = self.config.n_embd, {}
         for block in self.transformer.h:
             kv = block.attn.kv_dim
@@ -385,8 +398,9 @@ class GPT(nn.Module):
         return out
 
     def configure_optimizers(self, optimizer, learning_rate, weight_decay, betas, eps, muon_momentum, fused=False):
-        """[AdamW] or [AdamW, Muon]. Weight decay on matrices only. With 'muon', the 2-D block matrices go to Muon (AdamW-like
-        lr by match_rms_adamw; q, k, v and gate, up orthogonalized apart, muon.py); embeddings, norms, gates to AdamW."""
+        """[AdamW] or [AdamW, Muon]. Weight decay on matrices only. With 'muon', the 2-D block matrices go to Muon
+        (AdamW-like lr by match_rms_adamw; q, k, v and gate, up orthogonalized apart, muon.py); embeddings, norms,
+        gates to AdamW."""
         params = {n: p for n, p in self.named_parameters() if p.requires_grad}
         muon_names = [n for n, p in params.items() if optimizer == "muon" and takes_muon(n, p)]
         decay = [p for n, p in params.items() if p.dim() >= 2 and n not in muon_names]
@@ -431,7 +445,7 @@ class GPT(nn.Module):
         x0, store = x, done is not None and bool(done.all())
         for i, block in zip(range(lo, hi), self.transformer.h[copy * n + lo:copy * n + hi]):
             x = x if done is None else torch.where(done[..., None], x0, x)
-            if not store:  # generation (a cache) runs the blocks eager: a compiled block would recompile for every length
+            if not store:  # generation (a cache) runs the blocks eager: a compiled block recompiles for every length
                 x = block(x, rope) if cache is None else block.layers(x, rope, cache[i])
             elif cache is not None:  # the later tokens attend to these keys and values
                 block.attn(block.ln_1(x), rope, cache[i])
@@ -450,8 +464,9 @@ class GPT(nn.Module):
 
     def phi(self, h, p=None):
         """Decode-then-encode Phi(h) = softmax(head(h)/tau) @ W, exact or top-k (Appendix B; TopkPhi). Exact Phi decodes
-        `phi_chunk` positions at a time; its (B, chunk, V) probabilities are kept for backward (top-k avoids that) unless
-        activation_checkpointing is not 'none': each chunk then reruns whole in backward (PonderLM's at the 440M shape)."""
+        `phi_chunk` positions at a time; its (B, chunk, V) probabilities are kept for backward (top-k avoids that)
+        unless activation_checkpointing is not 'none': each chunk then reruns whole in backward (PonderLM's at the
+        440M shape)."""
         cfg = self.config
         W, head = self.transformer.wte.weight, self.lm_head.weight  # one tensor unless tie_embeddings=False
         if p is not None:  # decoded already (decode, adaptive depth): encode it
@@ -485,23 +500,28 @@ class GPT(nn.Module):
             Not checked here (a host sync): the caller's data is (dataloader.check_with_data).
         """
         cfg, early = self.config, []  # loop_loss: the states of the loops before the last, each read by the head
+        last = n_loop or cfg.n_loop
+
+        def record(k, h, nxt):  # loop_loss: keep every earlier loop's state, then the caller's hook
+            if k < last:
+                early.append(h)
+            return hook(k, h, nxt) if hook else None
         aux = self.training and targets is not None and cfg.loop_loss > 0 and loops is None
-        record = lambda k, h, nxt: (early.append(h) if k < (n_loop or cfg.n_loop) else None, hook and hook(k, h, nxt))[1]
         h = self.hidden(idx, n_loop, record if aux else hook, loops=loops)  # (B, T, d)
         if targets is None:
             return self.head(h), None
         if sparse_targets:
             keep = targets.reshape(-1) != -1
-            early, h, targets = [e.reshape(-1, h.size(-1))[keep] for e in early], h.reshape(-1, h.size(-1))[keep], \
-                targets.reshape(-1)[keep]  # (N, d), (N,)
+            early = [e.reshape(-1, h.size(-1))[keep] for e in early]
+            h, targets = h.reshape(-1, h.size(-1))[keep], targets.reshape(-1)[keep]  # (N, d), (N,)
         loss = [linear_cross_entropy(self.normed(e), self.lm_head.weight, targets, cfg.loss_chunk, cfg.label_smoothing)
                 for e in [h] + early]
         return None, loss[0] + (cfg.loop_loss * sum(loss[1:]) / len(loss[1:]) if early else 0)
 
     def hidden(self, idx, n_loop=None, hook=None, cache=None, loops=None, exits=None):
-        """The final state that the LM head reads, (B, T, d): embed -> prelude -> K loops of f_theta, each followed by
-        the recurrence's update (between) -> coda. See forward; cache (new_cache): idx continues the positions
-        already cached, whose keys and values every loop reuses (generation). exits: an Exit (adaptive depth)."""
+        """The final state that the LM head reads, (B, T, d): embed -> prelude -> K loops (loop_step) -> coda. See
+        forward; cache (new_cache): idx continues the positions already cached, whose keys and values every loop
+        reuses (generation). exits: an Exit (adaptive depth), which sets each token's loop as it settles."""
         cfg = self.config
         B, T = idx.size()
         t0 = len(cache[0][0]) if cache is not None else 0
@@ -511,27 +531,28 @@ class GPT(nn.Module):
         if K < 1 or (self.rec.copies and K > cfg.n_loop):
             raise ValueError(f"n_loop={K} is invalid: allowed 1.."
                              f"{cfg.n_loop if self.rec.copies else 'any'} for recurrence={cfg.recurrence}")
-        # at (B, T): the loop each token is read after (a row's `loops`, or set as tokens exit); p: the last decoded p
-        at, p = loops[:, None].expand(B, T) if loops is not None else None, None
+        at = None  # (B, T): the loop each token is read after (a row's `loops`, or set as tokens exit)
+        if loops is not None:
+            at = loops[:, None].expand(B, T)
         if exits is not None:
-            exits.loops.append(at := torch.full((B, T), K, device=idx.device))
+            at = torch.full((B, T), K, device=idx.device)
+            exits.loops.append(at)
+        decoded = []  # adaptive depth: each loop's decoded p (the kl rule reads the one before)
+
+        def settle(k, h):  # adaptive depth after loop k < K: the settled tokens exit here; the update encodes p
+            p, stop = self.decode(h, decoded[-1] if decoded else None, exits)
+            at.masked_fill_(stop & (at == K) & (k >= exits.min_loops), k)
+            decoded.append(p)
+            return p
         x, pos = self.embed(idx, t0)
         if cfg.n_prelude:
             x = self.f_theta(x, cache=cache[0] if cache is not None else None, part="prelude")
         for k in range(1, K + 1):
-            # a recurrence in embedding space runs the whole model every pass (PonderLM's GPT-2 adds positions each time)
-            again = pos is not None and (self.rec.embed or (cfg.pos_every_loop and k > 1))
             done = None if exits is None else at < k  # tokens exited at an earlier loop: their state x stays
-            h = self.f_theta(x + pos if again else x, copy=k - 1 if self.rec.copies else 0,
-                             cache=cache[k - 1] if cache is not None else None, done=done)
-            if done is not None and done.all():  # every token exited: f_theta only stored their keys and values
+            read = settle if exits is not None and k < K else None
+            h, x_next = self.loop_step(k, x, pos, cache[k - 1] if cache is not None else None, K, done, read)
+            if h is None:  # every token exited: f_theta only stored their keys and values
                 continue
-            if cfg.per_loop_norm:  # Ouro: the normed state is what the next loop (and Phi) sees
-                h = self.transformer.ln_f(h)
-            if exits is not None and k < K:  # the tokens settled after this loop (min_loops on) exit here
-                p, stop = self.decode(h, p, exits)
-                at.masked_fill_(stop & (at == K) & (k >= exits.min_loops), k)
-            x_next = h if k == K else self.between(h, x, p if exits is not None else None)
             if hook is not None:
                 replaced = hook(k, h, x_next)
                 x_next = x_next if replaced is None else replaced
@@ -542,6 +563,35 @@ class GPT(nn.Module):
         if cfg.n_coda:  # the head reads the coda's output (after the loop, or after a row's own loop count)
             x = self.f_theta(x, cache=cache[0] if cache is not None else None, part="coda")
         return x
+
+    def loop_step(self, k, x, pos=None, cache=None, last=None, done=None, read=None):
+        """Loop k of the recurrence for a set of positions, the one place its body is written: f_theta on what loop k
+        reads (x; the learned positions again where the recurrence adds them) with loop k's keys and values (cache:
+        one per layer), the per-loop norm, then the recurrence's update (between). Returns (h, x_next): f_theta's
+        output, which the head reads after loop k, and what loop k+1 reads (h itself after loop `last`, default K).
+        k: an int, or a (B,) tensor of one loop per row (speculative.py's pipeline runs rows at different loops in one
+        call: tied loops only). done (B, T): exited tokens (adaptive depth; all of them: (None, x), only their keys and
+        values stored). read(k, h): an exit's decoding after the norm, whose p the update then encodes."""
+        cfg, rows = self.config, torch.is_tensor(k)
+        last = cfg.n_loop if last is None else last
+        if rows and self.rec.copies:
+            raise ValueError("recurrence='none' has K untied copies: one call cannot run rows at different loops")
+        x_in = x
+        if pos is not None and self.rec.embed:  # a recurrence in embedding space runs the whole model every pass
+            x_in = x + pos  # (PonderLM's GPT-2 adds the positions each time)
+        elif pos is not None and cfg.pos_every_loop and rows:
+            x_in = torch.where((k > 1)[:, None, None], x + pos, x)
+        elif pos is not None and cfg.pos_every_loop and k > 1:
+            x_in = x + pos
+        h = self.f_theta(x_in, copy=k - 1 if self.rec.copies else 0, cache=cache, done=done)
+        if done is not None and done.all():
+            return None, x
+        if cfg.per_loop_norm:  # Ouro: the normed state is what the next loop (and Phi) sees
+            h = self.transformer.ln_f(h)
+        p = read(k, h) if read is not None else None
+        if rows:  # rows after the last loop pass h on, the others the update
+            return h, torch.where((k == last)[:, None, None], h, self.between(h, x, p))
+        return h, h if k == last else self.between(h, x, p)
 
     def embed(self, idx, t0=0):
         """(token embeddings, learned positions or None) of positions t0.. : positions join the tokens here once,
@@ -581,15 +631,14 @@ class GPT(nn.Module):
         return h + alpha * self.transformer.ln_inj(e)
 
     def decode(self, h, before, exits):
-        """(p = softmax(head(h)/tau) as Phi encodes it, settled (B, T) by the exit rule): one head application."""
-        cfg = self.config  # a loop decodes no Phi: its exits read the plain head (phi_tau is inert there, as for training)
-        logits, k = upcast(self.head(h)) / (cfg.phi_tau if self.rec.phi else 1), cfg.phi_topk if self.rec.phi else 0
-        p = (logits.masked_fill(logits < logits.topk(k, dim=-1).values[..., -1:], -math.inf) if k else logits).softmax(-1)
-        if exits.rule == "gate":  # a learned exit reads the state and what it decodes
-            return p, exits.score(h, p, before) >= exits.threshold
-        if exits.rule == "prob" or before is None:  # "kl" compares with the loop before: none at loop 1
-            return p, (p.amax(-1) >= exits.threshold) & (exits.rule == "prob")
-        return p, (before * (before.clamp_min(1e-30).log() - p.clamp_min(1e-30).log())).sum(-1) <= exits.threshold
+        """(p = softmax(head(h)/tau) as Phi encodes it, the tokens settled (B, T) by the exit): one head application."""
+        cfg = self.config  # a loop decodes no Phi: its exits read the plain head (phi_tau inert there, as in training)
+        logits = upcast(self.head(h)) / (cfg.phi_tau if self.rec.phi else 1)
+        k = cfg.phi_topk if self.rec.phi else 0
+        if k:
+            logits = logits.masked_fill(logits < logits.topk(k, dim=-1).values[..., -1:], -math.inf)
+        p = logits.softmax(-1)
+        return p, exits.settled(h, p, before)
 
     def gate(self, e):
         """The learned gate of Eq. (5), a_t = sigmoid(<w, Phi(H_t)> + b), (B, T), from e = Phi(H)."""
@@ -604,8 +653,9 @@ class GPT(nn.Module):
         return math.sqrt(self.config.n_embd) if self.rec.embed and self.config.ponder_scale_embeds else 1.0
 
     def flops_per_token(self, T, recompute="none"):
-        """Forward+backward FLOPs per token (PaLM appendix B estimate), counting every loop, plus what `recompute` (a policy)
-        reruns: "block"/"auto" matmuls and attention, "attn" matmuls, "attn_mm" none counted; exact Phi unless "none"."""
+        """Forward+backward FLOPs per token (PaLM appendix B estimate), counting every loop, plus what `recompute` (a
+        policy) reruns: "block"/"auto" matmuls and attention, "attn" matmuls, "attn_mm" none counted; exact Phi unless
+        "none"."""
         cfg = self.config
         looped = range(cfg.n_prelude, cfg.n_layer - cfg.n_coda)  # a prelude and a coda run once
         block_runs = sum(p.numel() * (1 if self.rec.copies or i not in looped else cfg.n_loop)
@@ -634,27 +684,68 @@ class GPT(nn.Module):
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, n_loop=None, use_cache=True,
                  generator=None, n_vocab=None, exits=None, stop=None):
         """nanoGPT's generate: idx (B, T) and max_new_tokens more, each sampled from the head after n_loop loops
-        (default K) among ids < n_vocab (default all: rows past a tokenizer's ids only pad the embedding). temperature
-        0 = greedy; top_k keeps the k likeliest. With use_cache the prompt runs once and each new token runs through
-        every loop alone, reusing the cached keys and values (new_cache); without, every step reruns the whole prefix.
-        exits: an Exit (adaptive depth); stop(idx) True ends it early. Past block_size is an error, not a sliding window."""
+        (default K) among ids < n_vocab (default all: rows past a tokenizer's ids only pad the embedding).
+        temperature 0 = greedy; top_k keeps the k likeliest (sampling_probs). With use_cache the prompt runs once and
+        each new token runs through every loop alone, reusing the cached keys and values (new_cache); without, every
+        step reruns the whole prefix. exits: an Exit (adaptive depth); stop(idx) True ends it early. Past block_size
+        is an error, not a sliding window."""
         if idx.size(1) + max_new_tokens > self.config.block_size:
             raise ValueError(f"prompt ({idx.size(1)} tokens) + max_new_tokens={max_new_tokens} exceeds "
                              f"block_size={self.config.block_size}: shorten the prompt or ask for fewer tokens")
         cache = self.new_cache(n_loop) if use_cache else None
         new = idx
         for _ in range(max_new_tokens):
-            logits = self.head(self.hidden(new, n_loop, cache=cache, exits=exits)[:, -1]).float()[:, :n_vocab]  # (B, V)
+            h = self.hidden(new, n_loop, cache=cache, exits=exits)[:, -1]
+            logits = self.head(h).float()[:, :n_vocab]  # (B, V)
             if temperature == 0:
                 nxt = logits.argmax(-1, keepdim=True)
             else:
-                logits = logits / temperature
-                if top_k:
-                    kth = logits.topk(min(top_k, logits.size(-1)), dim=-1).values[:, -1:]
-                    logits = logits.masked_fill(logits < kth, float("-inf"))
-                nxt = torch.multinomial(logits.softmax(-1), 1, generator=generator)
+                nxt = torch.multinomial(sampling_probs(logits, temperature, top_k), 1, generator=generator)
             idx = torch.cat([idx, nxt], dim=1)
             new = nxt if use_cache else idx
             if stop is not None and stop(idx):
                 break
         return idx
+
+
+# ---- generation's choices: what a token is sampled from, when a token stops looping --------------------------------
+def sampling_probs(logits, temperature, top_k=None):
+    """The distribution generation samples from, of float logits (..., V): / temperature, the top_k likeliest,
+    softmax. GPT.generate and speculative.py's decoders read it here."""
+    logits = logits / temperature
+    if top_k:
+        kth = logits.topk(min(top_k, logits.size(-1)), dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    return logits.softmax(-1)
+
+
+@dataclass
+class Exit:
+    """Adaptive depth, at inference only: after loop k < n_loop a token stops once what it decodes (GPT.decode: p,
+    with top-k Phi its top k renormalised) has settled by the rule: "prob": max p >= threshold; "kl": KL(p_k-1 || p_k)
+    <= threshold (from loop 2 on); "gate": score(h, p, p_k-1) >= threshold. Its state then stays what feeds loop k+1;
+    later tokens attend to its keys and values."""
+    rule: str = "prob"
+    threshold: float = 0.9
+    min_loops: int = 1  # no exit before this many loops
+    loops: list = None  # each forward appends its (B, T) exit loops (blocks run: these x the looped layers)
+    score: object = None  # "gate": a learned exit's callable (h, p, p_k-1 or None) -> (B, T) in 0..1 (inference.py's)
+
+    def __post_init__(self):
+        self.loops = []
+        hi = math.inf if self.rule == "kl" else 1
+        rules = ("prob", "kl", "gate") if callable(self.score) else ("prob", "kl")  # 'gate' needs its score
+        if self.rule not in rules or not 0 <= self.threshold <= hi or self.min_loops < 1:
+            raise ValueError(f"exit rule={self.rule!r}, threshold={self.threshold!r}, min_loops={self.min_loops!r} "
+                             f"is invalid: allowed rule 'prob', 'kl' or 'gate' (with a score), threshold 0..{hi}, "
+                             "min_loops >= 1")
+
+    def settled(self, h, p, before):
+        """(B, T): the tokens this rule stops, from a loop's state h, its decoded p and the loop before's (or None)."""
+        if self.rule == "gate":  # a learned exit reads the state and what it decodes
+            return self.score(h, p, before) >= self.threshold
+        if self.rule == "prob":
+            return p.amax(-1) >= self.threshold
+        if before is None:  # "kl" compares with the loop before: none at loop 1
+            return torch.zeros(p.shape[:-1], dtype=torch.bool, device=p.device)
+        return (before * (before.clamp_min(1e-30).log() - p.clamp_min(1e-30).log())).sum(-1) <= self.threshold

@@ -77,7 +77,7 @@ def main(argv):
         exits = exit_option(c["exit_rule"], c["exit_threshold"], c["exit_min_loops"], model, c["n_loop"] or None,
                             c["ckpt"])  # 'gate': the gate trained beside the checkpoint
         spec = spec_option(c["speculative_draft_loops"], c["speculative_len"], model, c["n_loop"] or None, exits,
-                           c["use_cache"])
+                           c["use_cache"], c["speculative_propose"], c["speculative_recheck"])
         ids = enc.encode_ordinary(start) or ([enc.eot_token] if enc.eot_token is not None else [])
         if not ids:
             raise ConfigError(f"start={c['start']!r} gives no token and the tokenizer has no end-of-text token: "

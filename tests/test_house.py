@@ -112,14 +112,19 @@ def test_no_function_over_sixty_lines():
 # growth is a decision: raising one of these is a line in a reviewed change, not drift. kernels.py holds the core's Phi
 # kernels only (candidates live in lab/), bench.py measures (the lab compares alternatives). model.py 600 -> 640: the
 # adaptive exit beside the loop (issue 55); 640 -> 660, the house's ceiling: issue 62's KVCache.crop (speculative.py cuts
-# the caches back) beside the other changes of that session
-LINE_BUDGETS = {"model.py": 660,
-                "train.py": 430, "README.md": 200, "kernels.py": 200, "bench.py": 550}
+# the caches back) beside the other changes of that session; 660 -> 751 (issue 66): the budget had been met
+# by packing (36 lines over 120 characters, tuple-index lambdas, a backslash triple assignment, string x bool), now
+# written out (about +45 lines), plus the loop's one body every caller runs (loop_step, +35 with its docstring:
+# hidden, so the probes' hooks, and speculative.py call it; none restates it), Exit owning its rule (settled) and sampling_probs
+# (+11). bench.py 550 -> 553: the pipelined decoder's row in `bench.py sample` (issue 67)
+LINE_BUDGETS = {"model.py": 751,
+                "train.py": 430, "README.md": 200, "kernels.py": 200, "bench.py": 553}
 # Lines of project code a training run loads, counted as it runs (`python train.py config/symbolic.py`: the dataset
 # dispatch imports data/symbolic/prepare.py, which imports dataprep.py, by name at run time): raising it is a decision.
 # Issue 63 measured 4,488 at 082ca7f; since then a run from scratch or a resume loads no Hugging Face converter
 # (pretrained.py: only a branch from a folder imports it), which pays for ownership by a mark and the new policies
-TRAIN_CLOSURE_BUDGET = 4488
+# 4488 -> 4551 (issue 66): model.py written out without packing and with its one loop step (+91, LINE_BUDGETS)
+TRAIN_CLOSURE_BUDGET = 4551
 CLOSURE = """import atexit, os, runpy, sys
 def report():
     files = {os.path.realpath(m.__file__) for m in list(sys.modules.values()) if getattr(m, "__file__", None)}

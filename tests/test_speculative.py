@@ -12,8 +12,8 @@ import speculative
 from checkpoint import save_checkpoint
 from common import ConfigError
 from conftest import run
-from model import GPT, Exit, GPTConfig
-from speculative import Speculative, accept, spec_option
+from model import GPT, Exit, GPTConfig, sampling_probs
+from speculative import Lanes, Pipeline, Speculative, accept, spec_option
 from test_cli import one_line
 from tokenizer import get_encoding, record
 
@@ -144,7 +144,7 @@ def test_the_accept_rule_keeps_the_distribution():
 
 def sampled_dist(model, prompt, n_loop, temperature, top_k):
     with torch.no_grad():
-        return speculative.probs(model(prompt, n_loop=n_loop)[0][0, -1].float(), temperature, top_k)
+        return sampling_probs(model(prompt, n_loop=n_loop)[0][0, -1].float(), temperature, top_k)
 
 
 @pytest.mark.parametrize("temperature,top_k", [(1.0, None), (0.7, 3)])
@@ -240,3 +240,89 @@ def test_generate_until_takes_it(ckpt):
     assert lm.generate_until(reqs, disable_tqdm=True) == DiscoLoopLM(ckpt, dtype="float32").generate_until(
         reqs, disable_tqdm=True)
     assert lm.spec.rounds > 0
+
+
+PIPES = [(1, 0), (2, 0), (1, 2)]
+
+
+@pytest.mark.parametrize("recurrence,kw", CASES[1:], ids=IDS[1:])
+def test_pipelined_greedy_is_generate_token_for_token(recurrence, kw):
+    """Pipelined (issue 67): proposal depth 1 and 2, and 1 judged again at 2, up to block_size, proposals kept and
+    rejected (lanes dropped) in each; 'none' is refused in one line."""
+    model = make(recurrence, **kw)
+    prompt = torch.randint(0, 23, (1, 4), generator=torch.Generator().manual_seed(1))
+    want = model.generate(prompt, BLOCK - 4, temperature=0)
+    for q, q2 in PIPES:
+        pipe = Pipeline(q, q2)
+        got = speculative.generate(model, prompt, BLOCK - 4, pipe, temperature=0)
+        assert torch.equal(got, want), (q, q2, got, want)
+        assert pipe.committed == BLOCK - 4 and 0 < pipe.accepted < pipe.judged, pipe
+    with pytest.raises(ValueError, match="untied copies") as e:
+        speculative.generate(make("none"), prompt, 4, Pipeline(1), temperature=0)
+    assert "\n" not in str(e.value)
+
+
+def test_pipelined_stop_and_short_prompts():
+    model = make("disco", phi_topk=5)
+    prompt = torch.tensor([[3, 7, 1]])
+    full = model.generate(prompt, 18, temperature=0)
+    for at in (4, 9, 13):
+        def stop(y, tok=int(full[0, at])):
+            return int(y[0, -1]) == tok
+        assert torch.equal(speculative.generate(model, prompt, 18, Pipeline(1, 2), temperature=0, stop=stop),
+                           model.generate(prompt, 18, temperature=0, stop=stop))
+    for p, n, kw in ((prompt, 1, {}), (prompt[:, :1], 12, {}), (prompt, 12, {"n_loop": 5}),
+                     (prompt, 12, {"n_vocab": 9})):
+        assert torch.equal(speculative.generate(model, p, n, Pipeline(1), temperature=0, **kw),
+                           model.generate(p, n, temperature=0, **kw)), (p, n, kw)
+
+
+@pytest.mark.parametrize("recurrence,kw", [CASES[2], CASES[6], CASES[7], CASES[9]], ids=IDS[2:3] + IDS[6:8] + IDS[9:10])
+def test_pipelined_cache_after_rejections_is_a_fresh_one(recurrence, kw):
+    """After dropped lanes, every (loop, layer) entry of the committed positions (prelude, coda included) holds what one
+    full-depth forward over the same tokens stores."""
+    model = make(recurrence, **kw)
+    prompt = torch.tensor([[5, 2, 9]])
+    lanes, pipe = [Lanes(3, 19) for _ in range(model.config.n_layer)], Pipeline(1)
+    out = speculative.generate(model, prompt, 16, pipe, temperature=0, cache=lanes)
+    assert pipe.accepted < pipe.judged, "no proposal was rejected: no lane was dropped"
+    fresh = model.new_cache()
+    with torch.no_grad():
+        model.hidden(out[:, :-1], cache=fresh)
+    for k, loop in enumerate(fresh):
+        for i, ref in enumerate(loop):
+            if len(ref):
+                n = len(ref)
+                torch.testing.assert_close(lanes[i].entries(k + 1, n), (ref.k[0], ref.v[0]), rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("q2", [0, 2])
+def test_pipelined_sampling_keeps_the_distribution(q2):
+    """Pipelined sampling, V = 5, K = 3, two new tokens (the second proposed at loop 1, judged at loop 3; with q2 = 2
+    judged at loop 2 first): the pairs follow the target's exact distribution (enumerated)."""
+    model = make("loop", vocab_size=5, n_layer=1, n_embd=8, block_size=8)
+    prompt, V, N = torch.tensor([[1, 3]]), 5, 1500
+    p1 = sampled_dist(model, prompt, None, 1.0, None)
+    p2 = torch.stack([sampled_dist(model, torch.tensor([[1, 3, a]]), None, 1.0, None) for a in range(V)])
+    target = p1[:, None] * p2
+    g, pipe, counts = torch.Generator().manual_seed(0), Pipeline(1, q2), torch.zeros(V, V)
+    for _ in range(N):
+        out = speculative.generate(model, prompt, 2, pipe, temperature=1.0, generator=g)
+        counts[out[0, 2], out[0, 3]] += 1
+    stat, df = pearson(counts, target, N)
+    assert stat < chi2_bound(df), (stat, df, counts / N, target)
+    assert 0 < pipe.accepted < pipe.judged
+
+
+def test_pipelined_keys_are_one_line():
+    model = make("disco")
+    assert spec_option(0, 4, model, propose=1, recheck=2) == Pipeline(1, 2)
+    for args, kw, needle in (((0, 4), {"recheck": 2}, "speculative_recheck=2 has no effect"),
+                             ((1, 4), {"propose": 1}, "are two decoders"),
+                             ((0, 4), {"propose": 3}, "speculative_propose=3 is invalid with 3 loops"),
+                             ((0, 4), {"propose": 2, "recheck": 2}, "allowed 0 (none) or 3..2"),
+                             ((0, 4), {"propose": 1, "use_cache": False}, "use_cache=True")):
+        with pytest.raises(ConfigError, match=needle.replace("(", r"\(").replace(")", r"\)")):
+            spec_option(*args, model, **kw)
+    with pytest.raises(ConfigError, match="untied copies"):
+        spec_option(0, 4, make("none"), propose=1)

@@ -1,0 +1,136 @@
+"""Issue 67's side-by-side measurement at batch 1 on the CPU, one run per checkpoint, each row printed as measured:
+plain cached greedy, draft-then-verify, pipelined (q = 1, 2; with and without a second depth), then the cost of one
+GPT.loop_step call over n lanes (speculative.Lanes, n = 1..K) against plain's call over one token (a KVCache), and the
+arithmetic model's speed-up beside the measured one.
+
+    python .ci/pipeline_measure.py /work/ckpt/small_disco_ll03 [more runs] [--new_tokens=200] [--threads=1] [--reps=3]
+
+Each decoder runs reps times, interleaved with the others, and keeps its fastest (a shared machine's load moves).
+
+The model: a plain token costs t1 (K loop calls of one token, the head, measured alone). Pipelined, with a = the
+share of proposals kept at loop K (and b = the share kept at the second depth q2), a token costs E calls,
+E = a L + (1 - a) K, the lag L = q (without q2) or b q + (1 - b) q2: a kept proposal's lane is q (or q2) loops behind
+the one committed, a rejected one restarts at loop 1. A call over the mean lanes in flight n costs A(n) (one
+speculative.advance, its head read included), interpolated from the measured A(1..K); each lane started costs e (its
+embedding), s lanes per token. Predicted speed-up: t1 / (E A(n) + s e); the judging between calls is not in it.
+"""
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, ".")
+from checkpoint import load_checkpoint  # noqa: E402
+from inference import model_from_checkpoint  # noqa: E402
+import speculative  # noqa: E402
+from speculative import Lane, Lanes, Pipeline, Speculative, rows_at  # noqa: E402
+
+args = [a for a in sys.argv[1:] if not a.startswith("--")]
+opts = dict(a[2:].split("=") for a in sys.argv[1:] if a.startswith("--"))
+N, threads, reps = int(opts.get("new_tokens", 200)), int(opts.get("threads", 1)), int(opts.get("reps", 3))
+torch.set_num_threads(threads)
+
+
+def timed(fn, reps):
+    fn()
+    t = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    return (time.perf_counter() - t) / reps
+
+
+def call_costs(model, ctx, reps=200):
+    """Seconds of one loop_step (plain's: one token, a KVCache per layer, ctx cached; and over n = 1..K lanes), of one
+    plain token (GPT.hidden through K loops, the head, the argmax), of one pipelined call (speculative.advance over
+    n = 1..K lanes at consecutive loops, its head read included) and of a lane's start (the embedding)."""
+    K, d = model.config.n_loop, model.config.n_embd
+    with torch.no_grad():
+        cache = model.new_cache(K)
+        model.hidden(torch.randint(0, model.config.vocab_size, (1, ctx)), cache=cache)
+        x, tok = torch.randn(1, 1, d), torch.tensor([[1]])
+
+        def crop():
+            for c in (c for loop in cache for c in loop):
+                c.crop(ctx)
+
+        def plain():
+            model.loop_step(2, x, None, cache[1], K)
+            crop()
+
+        def token():
+            model.head(model.hidden(tok, cache=cache)[:, -1]).float().argmax(-1)
+            crop()
+        c1, t1 = timed(plain, reps), timed(token, reps)
+        lanes = [Lanes(K, ctx + K + 1) for _ in range(model.config.n_layer)]
+        for i, c in enumerate(lanes):
+            c.load([loop[i] for loop in cache], ctx)
+        cn, an = [], []
+        for n in range(1, K + 1):
+            loops, where = list(range(K, K - n, -1)), list(range(ctx, ctx + n))
+            xs, ks = torch.randn(n, 1, d), torch.tensor(loops)
+            cn.append(timed(lambda: model.loop_step(ks, xs, None, rows_at(lanes, K, loops, where), K), reps))
+            run = [Lane(p, 1, torch.randn(1, 1, d)) for p in where]
+
+            def call():
+                for a, k in zip(run, loops):
+                    a.loop = k - 1
+                speculative.advance(model, run, lanes, K, (1, K), None)
+            an.append(timed(call, reps))
+        e = timed(lambda: speculative.enter(model, 1, ctx, rows_at(lanes, K, [1], [ctx])), reps)
+    return c1, cn, t1, an, e
+
+
+def row(*cells):
+    print("| " + " | ".join(str(c) for c in cells) + " |", flush=True)
+
+
+for run in args:
+    model = model_from_checkpoint(load_checkpoint(run)).eval()
+    K = model.config.n_loop
+    torch.manual_seed(0)
+    x = torch.randint(0, model.config.vocab_size, (1, 16))
+    print(f"\n{run}: {model.rec.label}, K={K}, {N} new tokens after a 16-token random prompt, greedy, fp32, "
+          f"threads {threads}", flush=True)
+    row("decoder", "seconds", "tokens/s", "vs plain", "tokens/call", "proposals accepted", "lanes/call",
+        "= plain greedy", "predicted", "pred/meas")
+    row(*["---"] * 10)
+    model.generate(x, 4, temperature=0)
+    decoders = [None, Speculative(1, 2), Speculative(3, 4), Pipeline(1), Pipeline(2)]
+    decoders += [Pipeline(1, q2) for q2 in range(2, K)] + [Pipeline(2, q2) for q2 in range(3, K)]
+    decoders = [d for d in decoders if not isinstance(d, Pipeline) or d.propose < K]
+    best, got, costs = [float("inf")] * len(decoders), [None] * len(decoders), []
+    for rep in range(reps):  # interleaved, the fastest of each: the load of a shared machine moves during a run
+        for i, dec in enumerate(decoders):
+            if dec is not None:  # counters of the last repetition only (greedy: every repetition is the same)
+                decoders[i] = dec = type(dec)(*([dec.draft_loops, dec.draft_len] if isinstance(dec, Speculative)
+                                                else [dec.propose, dec.recheck]))
+            t = time.perf_counter()
+            got[i] = (model.generate(x, N, temperature=0) if dec is None else
+                      speculative.generate(model, x, N, dec, temperature=0))
+            best[i] = min(best[i], time.perf_counter() - t)
+        costs.append(call_costs(model, 16 + N // 2))
+    c1, cn, t1, an, e = [[min(c[j][n] for c in costs) for n in range(K)] if j in (1, 3) else min(c[j] for c in costs)
+                         for j in range(5)]
+    plain, want = best[0], got[0]
+    row("plain cached", round(plain, 3), round(N / plain, 1), "1.00", f"{1 / K:.2f}", "-", 1, "100%", "-", "-")
+    for dec, sec, out in zip(decoders[1:], best[1:], got[1:]):
+        same = f"{(out == want).float().mean():.0%}"
+        if isinstance(dec, Speculative):
+            row(dec.name(), round(sec, 3), round(N / sec, 1), f"{plain / sec:.2f}", "-", dec.cells()[0], "-", same,
+                "-", "-")
+            continue
+        a = dec.accepted / max(dec.judged, 1)
+        b = 1 - dec.replaced / max(dec.rechecked, 1)
+        lag = dec.propose if not dec.recheck else b * dec.propose + (1 - b) * dec.recheck
+        E = a * lag + (1 - a) * K
+        n = dec.lanes / dec.calls
+        lo = min(int(n), K - 1)
+        cost = an[lo - 1] + (n - lo) * (an[lo] - an[lo - 1])
+        pred = t1 / (E * cost + e * dec.entered / dec.committed)
+        row(dec.name(), round(sec, 3), round(N / sec, 1), f"{plain / sec:.2f}", f"{dec.committed / dec.calls:.2f}",
+            f"{a:.1%}" + (f" (at {dec.recheck}: {b:.1%})" if dec.recheck else ""), f"{n:.2f}", same,
+            f"{pred:.2f}", f"{pred / (plain / sec):.2f}")
+    print(f"one loop_step call at {16 + N // 2} positions cached: plain (one token, KVCache) {c1 * 1e3:.3f} ms; "
+          + ", ".join(f"{n + 1} lanes {c * 1e3:.3f} ms ({c / c1:.2f}x)" for n, c in enumerate(cn))
+          + f"; a plain token {t1 * 1e3:.3f} ms; a pipelined call (advance) over 1..{K} lanes "
+          + ", ".join(f"{c * 1e3:.3f}" for c in an) + f" ms; a lane's start {e * 1e3:.3f} ms", flush=True)
