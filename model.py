@@ -55,6 +55,7 @@ GATES = ("fixed", "learned")
 # "attn" also the attention ops' outputs and log-sum-exp; "attn_mm" also every matmul's (torchtitan's list, less its
 # every-other-mm). Their op lists are beside Block
 CHECKPOINTING = ("none", "block", "attn", "attn_mm", "auto")
+LOOP_LOSS_WEIGHTS = ("mean", "rising")
 
 
 @dataclass
@@ -95,6 +96,7 @@ class GPTConfig:
     phi_kernel: str = "auto"  # top-k Phi's kernel (kernels.PHI_KERNELS, equal in float64): "auto" = csr on CUDA, bag
     label_smoothing: float = 0.0  # label smoothing of the training loss
     loop_loss: float = 0.0     # training adds this x the mean loss of the head read after each earlier loop (0 = off)
+    loop_loss_weights: str = "mean"  # how loop_loss weighs the earlier loops: "mean" alike; "rising": loop k weighs k
     loss_chunk: int = 1024     # positions per chunk of the head + cross-entropy (0 = all): bounds the (chunk, V) logits
     activation_checkpointing: str = "none"  # none|block|attn|attn_mm (CHECKPOINTING); auto: least recompute that fits
     # when a key acts (configurator.inert: train.py and bench.py refuse a typed inert key, note a config file's): a
@@ -109,13 +111,15 @@ class GPTConfig:
               "rope_theta": (lambda c: c["pos_emb"] == "rope", "pos_emb='rope', not {pos_emb!r}"),
               "loop_loss": (lambda c: c["recurrence"] != "none" and not c.get("loops_by_hops"), "loops the head reads "
                             "alike (not recurrence='none' nor loops_by_hops)"),
+              "loop_loss_weights": (lambda c: c["loop_loss"] > 0, "loop_loss > 0"),
               "qkv_bias": (lambda c: not c["bias"], "bias=False (bias=True already has q, k, v biases)")}
 
     def __post_init__(self):
         def bad(name, allowed):
             raise ValueError(f"{name}={getattr(self, name)!r} is invalid: allowed {allowed}")
         choices = {"recurrence": tuple(RECURRENCES), "disco_gate": GATES, "pos_emb": POS_EMBS, "norm": NORMS,
-                   "mlp": MLPS, "phi_kernel": tuple(PHI_KERNELS), "activation_checkpointing": CHECKPOINTING}
+                   "mlp": MLPS, "phi_kernel": tuple(PHI_KERNELS), "activation_checkpointing": CHECKPOINTING,
+                   "loop_loss_weights": LOOP_LOSS_WEIGHTS}
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 bad(name, allowed)
@@ -182,7 +186,7 @@ class GPTConfig:
 CONTINUE_KEYS = ("block_size", "n_prelude", "n_coda", "recurrence", "n_loop", "disco_gate", "disco_alpha", "phi_tau",
                  "phi_topk", "phi_chunk", "phi_kernel", "pos_every_loop", "per_loop_norm", "ponder_scale_embeds",
                  "ponder_multiply_steps", "pos_shift", "dropout", "scaled_init", "label_smoothing", "loop_loss",
-                 "loss_chunk", "activation_checkpointing")
+                 "loop_loss_weights", "loss_chunk", "activation_checkpointing")
 ARCH_KEYS = tuple(k for k in GPTConfig.defaults() if k not in CONTINUE_KEYS)
 
 
@@ -516,7 +520,11 @@ class GPT(nn.Module):
             h, targets = h.reshape(-1, h.size(-1))[keep], targets.reshape(-1)[keep]  # (N, d), (N,)
         loss = [linear_cross_entropy(self.normed(e), self.lm_head.weight, targets, cfg.loss_chunk, cfg.label_smoothing)
                 for e in [h] + early]
-        return None, loss[0] + (cfg.loop_loss * sum(loss[1:]) / len(loss[1:]) if early else 0)
+        if not early:
+            return None, loss[0]
+        # "rising": loop k weighs k (LayerSkip's early-exit loss grows with depth); "mean": every earlier loop alike
+        weights = [k if cfg.loop_loss_weights == "rising" else 1 for k in range(1, len(early) + 1)]
+        return None, loss[0] + cfg.loop_loss * sum(w * e for w, e in zip(weights, loss[1:])) / sum(weights)
 
     def hidden(self, idx, n_loop=None, hook=None, cache=None, loops=None, exits=None):
         """The final state that the LM head reads, (B, T, d): embed -> prelude -> K loops (loop_step) -> coda. See

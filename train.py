@@ -14,6 +14,7 @@ import functools
 import json
 import math
 import os
+import random
 import signal
 import sys
 import time
@@ -283,6 +284,13 @@ def batches(it):  # this rank's micro-batches of iteration it on the device: [(x
             for m in range(accum_local)]
 
 
+def step_loops(it):
+    """loop_sample: the loop count of step `it` (None: all K), drawn from the seed and the iteration alone, so every
+    rank and a resumed run draw the same."""
+    draw = random.Random(f"loop_sample:{seed}:{it}")  # a str seed hashes the same in every process
+    return draw.randint(1, n_loop - 1) if loop_sample and draw.random() < loop_sample else None
+
+
 def train_step(micro_batches):
     """One optimization step with no host sync (cuda_graph=True replays it whole: stepgraph.py): each micro-batch's loss
     (a scalar: no (B, T, V) logits are ever built) and gradients (DDP all-reduces them on the last micro-step), the
@@ -291,7 +299,8 @@ def train_step(micro_batches):
     for m, (x, y, loops) in enumerate(micro_batches):  # loops: each row's loop count (loops_by_hops) or None
         with model.no_sync() if ddp and m < accum_local - 1 else contextlib.nullcontext():
             with ctx:  # sparse: only the rows with a target (QA answers) reach the head; a graph's shapes are fixed
-                loss = model(x, y, sparse_targets=sparse and not cuda_graph, loops=loops)[1] / accum_local
+                loss = model(x, y, sparse_targets=sparse and not cuda_graph, loops=loops,
+                             n_loop=step_loops(iter_num))[1] / accum_local
             scaler.scale(loss).backward()
         loss_sum += loss.detach().float()
     if grad_clip > 0:

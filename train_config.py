@@ -39,6 +39,7 @@ stop_metric = ""             # '' = off; else stop early on this evaluation metr
 stop_patience = 10           # with stop_metric: stop after this many evaluations without a new best
 loops_by_hops = False        # QA: a k-hop question is trained and evaluated after k loops (atomic facts after 1): one hop per loop, for hop extrapolation
 extra_loops = 0              # with loops_by_hops: each training question gets 0..extra_loops more loops (drawn per row), so its answer must survive them
+loop_sample = 0.0            # > 0: this fraction of training steps (drawn per step from seed and iteration, so a resume draws the same) runs only 1..K-1 loops, uniformly drawn, and reads the head there (Huginn's sampled depth: early loops worth reading)
 split_join = {}              # QA curriculum: {training split: iteration it joins the mix, or a rule on a validation metric}, e.g. {"train_id_3hop": 6630} or {"train_id_3hop": "acc/val_id>=0.9"}
 # model: every GPTConfig field is a key here too, defined there once (model.py; --help lists them)
 # optimizer: AdamW on everything, or Muon on the 2-D block matrices + AdamW on the rest
@@ -92,6 +93,8 @@ ACTIVE = {"compile_": (lambda c: c["compile"], "compile=True"),
                          "a question-answer split is evaluated whole)"),
           "memory_check": (on_cuda,
                            "a CUDA device (the plan is checked against GPU memory), not device={device!r} here"),
+          "loop_sample": (lambda c: c["recurrence"] != "none" and c["n_loop"] > 1 and not c["loops_by_hops"],
+                          "a looped recurrence with n_loop > 1 (not recurrence={recurrence!r} nor loops_by_hops)"),
           "overwrite": (lambda c: c["init_from"] != "resume" and not c["eval_only"],
                         "a new run (not init_from='resume' or eval_only=True)")}
 
@@ -125,6 +128,7 @@ CHECKS = {**SYSTEM_CHECKS,
           "data_args": (_data_args, "a dict of the prepare script's arguments without 'out_dir' (data_dir is the folder)"),
           "split_join": curriculum.CHECK,
           "extra_loops": INT_GE0,
+          "loop_sample": num(0, 1, hi_open=True),
           "json": OUTPUT}
 for _k in ("batch_size", "gradient_accumulation_steps", "eval_interval", "log_interval", "eval_batch_size",
            "eval_iters", "stop_patience"):
@@ -157,9 +161,11 @@ def check(config, stated=None):
     # syncs every step), reduce-overhead's CUDA graphs of its own
     graph_bad = [k for k, bad in (("optimizer", config["optimizer"] != "adamw"), ("dtype", config["dtype"] == "float16"),
                                   ("compile_mode", config["compile"] and config["compile_mode"] == "reduce-overhead")) if bad]
+    graph_bad += ["loop_sample"] * (config["loop_sample"] > 0)  # a graph holds one loop count
     if config["cuda_graph"] and graph_bad:
         raise ConfigError(f"cuda_graph=True cannot run with {graph_bad[0]}={config[graph_bad[0]]!r}: allowed optimizer="
-                          "'adamw', a dtype other than 'float16', a compile_mode other than 'reduce-overhead'; or cuda_graph=False")
+                          "'adamw', a dtype other than 'float16', a compile_mode other than 'reduce-overhead', loop_sample=0; or "
+                          "cuda_graph=False")
     # the model keys' one validator; vocab_size 0 is the data's, checked against it in dataloader.check_with_data
     GPTConfig.from_dict({**config, "vocab_size": config["vocab_size"] or max(1, config["phi_topk"])})
     return check_inert(config, defaults(), {**GPTConfig.ACTIVE, **ACTIVE}, stated or {})
