@@ -26,6 +26,9 @@ two different copies. Proposals read the head after loop q directly (a coda runs
     python sample.py --ckpt=out/small_disco --speculative_propose=1
     python bench.py sample config/pretrain_small.py --ckpt=out/small_disco --speculative_propose=1
 """
+import functools
+import math
+import time
 from dataclasses import dataclass
 
 import torch
@@ -92,6 +95,13 @@ class Pipeline:
     replaced: int = 0  # of those, replaced there
     committed: int = 0  # tokens committed
     entered: int = 0   # lanes started (proposals and the tokens that replaced rejected ones)
+    seconds: float = 0.0  # wall time of the decodes' loops (prompt excluded) ...
+    call_seconds: float = 0.0  # ... of which inside the calls (advance); the rest judges and starts lanes
+
+    def between(self):
+        """Seconds per call spent between calls (judging, lane starts, bookkeeping): the arithmetic model's own
+        term. A device's asynchronous calls move their wait into it (the read back of the argmax)."""
+        return (self.seconds - self.call_seconds) / max(self.calls, 1)
 
     def __post_init__(self):
         if not (isinstance(self.propose, int) and self.propose >= 1 and isinstance(self.recheck, int)
@@ -216,7 +226,10 @@ def verify(model, cache, toks, x, t0, d, K):
     return x
 
 
-def check(model, idx, max_new_tokens, K, depth):
+def check(model, idx, max_new_tokens, K, depth, recheck=0):
+    if recheck and not depth < recheck < K:
+        raise ValueError(f"recheck={recheck} is invalid with propose={depth} and {K} loops: allowed 0 or "
+                         f"{depth + 1}..{K - 1}")
     if idx.dim() != 2 or idx.size(0) != 1:
         raise ValueError(f"speculative decoding takes one sequence, idx of shape (1, T), not {tuple(idx.shape)}")
     if not 1 <= depth < K:
@@ -269,27 +282,40 @@ class Lanes:
     call's rows (`at`) are lanes at different loops and positions; each attends to its own loop's keys at positions up
     to its own. Lanes in position order run descending loops, so their rows ascend: an even stride is a view, not a
     copy. A dropped lane's entries need no cut: a lane at position t reads loop k's keys below t only after the live
-    lane at each of those positions wrote them (lanes run in position order, each at least a loop behind)."""
+    lane at each of those positions wrote them (lanes run in position order, each at least a loop behind). The lanes
+    of a call are consecutive positions, so what they see is a view of one additive causal mask (`triangle`), built
+    once per decode and shared by every layer, not a mask as long as the context built per call."""
 
     def __init__(self, K, T):
-        self.K, self.T, self.k, self.v = K, T, None, None
+        self.K, self.T, self.k, self.v, self.tri = K, T, None, None, None
 
-    def at(self, rows, span, where, mask):
-        """This call's rows: buffer rows (B,) (as a slice when evenly spaced, else None), positions (B,) and what
-        each sees (B, 1, 1, keys)."""
-        self.rows, self.span, self.where, self.mask = rows, span, where, mask
+    def at(self, rows, span, where, starts, sees, owner):
+        """This call's rows: buffer rows (B,) (as a slice when evenly spaced, else None), positions (B,) and (B, 1),
+        what each sees (a slice of the owner's triangle's rows when the positions are consecutive, else a (B, 1, 1,
+        keys) boolean mask) and the Lanes that holds the triangle."""
+        self.rows, self.span, self.where, self.starts, self.sees, self.owner = rows, span, where, starts, sees, owner
         return self
 
     def start(self):
-        return self.where[:, None]  # (B, 1): each row's own position
+        return self.starts  # (B, 1): each row's own position
 
     def extend(self, k, v):
         if self.k is None:  # (B, heads, 1, hs) rows: the buffers take their heads, size and dtype
             self.allocate(k)
         self.k[self.rows, :, self.where] = k[:, :, 0]
         self.v[self.rows, :, self.where] = v[:, :, 0]
-        n, rows = self.mask.size(-1), self.rows if self.span is None else self.span
-        return self.k[rows, :, :n], self.v[rows, :, :n], self.mask
+        mask = self.sees
+        if isinstance(mask, slice):  # consecutive positions: rows of the triangle, a view
+            mask = self.owner.triangle(k)[mask, :mask.stop][:, None, None]
+        n, rows = mask.size(-1), self.rows if self.span is None else self.span
+        return self.k[rows, :, :n], self.v[rows, :, :n], mask
+
+    def triangle(self, k):
+        """(T, T) additive causal mask in k's dtype (0 where a row sees a key, -inf where not), made once."""
+        if self.tri is None or self.tri.dtype != k.dtype or self.tri.device != k.device:
+            hide = torch.ones(self.T, self.T, dtype=torch.bool, device=k.device).triu(1)
+            self.tri = torch.zeros(self.T, self.T, dtype=k.dtype, device=k.device).masked_fill(hide, -math.inf)
+        return self.tri
 
     def allocate(self, k):
         shape = (self.K, k.size(1), self.T, k.size(3))
@@ -308,16 +334,29 @@ class Lanes:
         return self.k[self.K - loop, :, :n], self.v[self.K - loop, :, :n]
 
 
-def rows_at(caches, K, loops, where, device=None):
-    """Every layer's Lanes set to one call's rows: lanes at loops (B,) and positions (B,) (python lists)."""
+@functools.lru_cache(maxsize=1024)
+def pattern(loops, K, device=None):
+    """A call's loops (a tuple) as loop_step takes them (B,), the buffer rows they use (B,) and those rows as a slice
+    when evenly spaced (else None): made once per pattern (a decode repeats a few), not per call."""
     rows = [K - k for k in loops]
     step = rows[1] - rows[0] if len(rows) > 1 else 1
     even = step > 0 and all(b - a == step for a, b in zip(rows, rows[1:]))
     span = slice(rows[0], rows[-1] + 1, step) if even else None
+    return torch.tensor(loops, device=device), torch.tensor(rows, device=device), span
+
+
+def rows_at(caches, K, loops, where, device=None):
+    """Every layer's Lanes set to one call's rows: lanes at loops (B,) and positions (B,) (python lists). The tensors
+    are made once per call (the loops' once per pattern) and shared by the layers."""
+    rows, span = pattern(tuple(loops), K, device)[1:]
     pos = torch.tensor(where, device=device)
-    mask = (torch.arange(where[-1] + 1, device=pos.device) <= pos[:, None])[:, None, None]  # (B, 1, 1, keys)
-    rows = torch.tensor(rows, device=pos.device)
-    return [c.at(rows, span, pos, mask) for c in caches]
+    n = where[-1] + 1
+    if all(b - a == 1 for a, b in zip(where, where[1:])):  # the decoder's lanes: consecutive positions
+        sees = slice(where[0], n)
+    else:
+        sees = (torch.arange(n, device=pos.device) <= pos[:, None])[:, None, None]  # (B, 1, 1, keys)
+    starts = pos[:, None]
+    return [c.at(rows, span, pos, starts, sees, caches[0]) for c in caches]
 
 
 @dataclass(eq=False)
@@ -340,15 +379,27 @@ def advance(model, run, caches, K, read, device):
     loops = [a.loop + 1 for a in run]
     pe = torch.cat([a.pe for a in run]) if run[0].pe is not None else None
     x = torch.cat([a.x for a in run])  # (lanes, 1, d)
-    h, x_next = model.loop_step(torch.tensor(loops, device=device), x, pe,
+    h, x_next = model.loop_step(pattern(tuple(loops), K, device)[0], x, pe,
                                 rows_at(caches, K, loops, [a.pos for a in run], device), K)
     for i, a in enumerate(run):
         a.loop, a.x = a.loop + 1, x_next[i:i + 1]
     reads = [i for i, a in enumerate(run) if a.loop in read]
-    hr = h[reads]
+    adjacent = reads and reads[-1] - reads[0] == len(reads) - 1
+    hr = h[reads[0]:reads[-1] + 1] if adjacent else h[reads]  # a view when adjacent (the usual case), no gather
     if model.config.n_coda and run[0].loop == K:  # the position done with its loops passes the coda
-        hr[:1] = model.f_theta(hr[:1], cache=rows_at(caches, K, [1], [run[0].pos], device), part="coda")
+        coda = model.f_theta(hr[:1], cache=rows_at(caches, K, [1], [run[0].pos], device), part="coda")
+        hr = torch.cat([coda, hr[1:]])
     return reads, model.head(hr)[:, 0].float()
+
+
+def prefill(model, idx, K, caches):
+    """The prompt but its last token through every loop at once (GPT.hidden), into the Lanes `caches`."""
+    if idx.size(1) > 1:
+        first = model.new_cache(K)
+        model.hidden(idx[:, :-1], n_loop=K, cache=first)
+        for i, c in enumerate(caches):
+            c.load([loop[i] for loop in first], idx.size(1) - 1)
+    return caches
 
 
 @torch.no_grad()
@@ -357,17 +408,9 @@ def pipelined(model, idx, max_new_tokens, pipe, temperature=1.0, top_k=None, n_l
     """GPT.generate (batch 1) through pipelined self-speculation: one GPT.loop_step call per step over every lane in
     flight, each at its own loop (recurrence='none' is refused there). See the module's docstring and generate."""
     cfg, K = model.config, n_loop or model.config.n_loop
-    check(model, idx, max_new_tokens, K, pipe.propose)
-    if pipe.recheck and not pipe.propose < pipe.recheck < K:
-        raise ValueError(f"recheck={pipe.recheck} is invalid with propose={pipe.propose} and {K} loops: allowed 0 or "
-                         f"{pipe.propose + 1}..{K - 1}")
+    check(model, idx, max_new_tokens, K, pipe.propose, pipe.recheck)
     out, end, device = idx[0].tolist(), idx.size(1) + max_new_tokens, idx.device
-    caches = cache if cache is not None else [Lanes(K, end) for _ in range(cfg.n_layer)]
-    if idx.size(1) > 1:  # the prompt but its last token, through every loop at once
-        first = model.new_cache(K)
-        model.hidden(idx[:, :-1], n_loop=K, cache=first)
-        for i, c in enumerate(caches):
-            c.load([loop[i] for loop in first], idx.size(1) - 1)
+    caches = prefill(model, idx, K, cache if cache is not None else [Lanes(K, end) for _ in range(cfg.n_layer)])
     greedy = temperature == 0
 
     def dist(logits):  # what a row decides from: its logits (greedy) or the sampling distribution
@@ -375,21 +418,26 @@ def pipelined(model, idx, max_new_tokens, pipe, temperature=1.0, top_k=None, n_l
 
     def lane(tok, pos, q=None):
         pipe.entered += 1
-        x, pe = enter(model, tok, pos, rows_at(caches, K, [1], [pos], device))
+        layers = rows_at(caches, K, [1], [pos], device) if cfg.n_prelude else None  # the prelude's keys, if any
+        x, pe = enter(model, tok, pos, layers)
         return Lane(pos, tok, x, None if pe is None else pe.view(1, 1, -1), q)
-    lanes = [lane(out[-1], len(out) - 1)]
+    lanes, began = [lane(out[-1], len(out) - 1)], time.perf_counter()
     while len(out) < end:
         run = [a for a in lanes if a.pos <= end - 2]  # a lane past that only holds a proposal for the one before
         pipe.calls, pipe.lanes = pipe.calls + 1, pipe.lanes + len(run)
+        t = time.perf_counter()
         reads, rows = advance(model, run, caches, K, (pipe.propose, pipe.recheck, K), device)
-        for i, logits in zip(reads, rows[:, :n_vocab]):
+        pipe.call_seconds += time.perf_counter() - t
+        rows = rows[:, :n_vocab]
+        best = rows.argmax(-1).tolist() if greedy else None  # greedy: one read back to the host per call
+        for j, (i, logits) in enumerate(zip(reads, rows)):
             a = run[i]
             if a not in lanes:  # dropped by a rejection before it in this call
                 continue
             after = lanes[lanes.index(a) + 1] if lanes[-1] is not a else None
             if a.loop == K or a.loop == pipe.recheck:  # judge the proposal after it
                 p = dist(logits)
-                kept, tok = judge(p, after.tok, after.q, generator)
+                kept, tok = (best[j] == after.tok, best[j]) if greedy else judge(p, after.tok, after.q, generator)
                 if a.loop == K:
                     pipe.judged, pipe.accepted = pipe.judged + 1, pipe.accepted + kept
                 else:
@@ -404,9 +452,11 @@ def pipelined(model, idx, max_new_tokens, pipe, temperature=1.0, top_k=None, n_l
                     out.append(tok)
                     pipe.committed += 1
                     if stop is not None and stop(idx.new_tensor([out])):
-                        return idx.new_tensor([out])
+                        end = len(out)  # the loop ends here (one way out: the clock stops)
+                        break
             elif a.pos + 1 < end:  # loop q proposes the token after it
                 p = dist(logits)
-                tok = int(p.argmax()) if greedy else int(torch.multinomial(p, 1, generator=generator))
+                tok = best[j] if greedy else int(torch.multinomial(p, 1, generator=generator))
                 lanes.append(lane(tok, a.pos + 1, None if greedy else p))
+    pipe.seconds += time.perf_counter() - began
     return idx.new_tensor([out[:end]])
