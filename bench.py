@@ -256,7 +256,7 @@ def training_config(argv, name, doc, extra, checks, need_file=True, need_vocab=T
         if need_vocab and not c["vocab_size"]:
             raise ConfigError("vocab_size=0 (the dataset's) is unknown without the data: set --vocab_size")
         if c.get("json"):  # every such --json is a measure.RowLog: before any work, a pipe or a user's file is one line
-            owned(c["json"], "jsonl", "json", "extended", "rows")
+            owned(c["json"], "rows", "json", "extended")
         return c
     except (ConfigError, ValueError) as e:
         die(e)
