@@ -186,6 +186,9 @@ def not_regular(path):
     return next((name for test, name in _NOT_REGULAR if test(mode)), None)
 
 
+_NOTED = set()
+
+
 def is_ours(path, writer):
     """owned()'s decision without a word: whether the regular file at path is writer's, today's or an earlier commit's."""
     return os.path.isfile(path) and _found(path, writer) in (None, "old")
@@ -211,8 +214,10 @@ def owned(path, writer, key, verb="replaced"):
         return False
     found = _found(path, writer)
     if found == "old":
-        print(f"note: {key}={path!r} was written by an earlier commit of this project ({writer}, before today's "
-              f"{MARK!r}): {verb}", file=sys.stderr)
+        if os.path.realpath(path) not in _NOTED:  # a script that checks twice says it once
+            _NOTED.add(os.path.realpath(path))
+            print(f"note: {key}={path!r} was written by an earlier commit of this project ({writer}, before today's "
+                  f"{MARK!r}): {verb}", file=sys.stderr)
     elif found:
         raise ConfigError(f"{key}={path!r} holds {found}: only a file this project wrote for this (its {MARK!r}) is "
                           f"{verb}; left untouched, choose another path")
