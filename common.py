@@ -82,7 +82,7 @@ def weights_fit(c, where, error=ValueError, limit=None):
                                                                                            else d // c["n_head"])
     need, have = 2 * 4 * params, limit or machine_bytes()
     if need > have:
-        raise error(f"{where}: n_layer={L}, n_embd={d}, n_hidden={hidden}, vocab_size={V}, block_size={T} make {params / 1e9:.3g}B "
+        raise error(f"{where}: n_layer={L}{f' x n_loop={copies} (recurrence=none: untied copies)' if copies > 1 else ''}, n_embd={d}, n_hidden={hidden}, vocab_size={V}, block_size={T} make {params / 1e9:.3g}B "
                     f"parameters, {need / 1e9:.3g} GB to build in float32, more than this machine's {have / 1e9:.3g} GB: "
                     "not a model this machine can build")
 

@@ -17,21 +17,51 @@ from common import MARK, CheckpointError, ConfigError, DataError, not_regular, r
 from compat import OLD_GATE_FILE
 from configurator import INT_GE1
 from datafolder import kind_of, owner, read_meta
-from model import GPT, Exit, GPTConfig
+from model import COMPUTE_KEYS, GPT, Exit, GPTConfig
 from shards import TokenShards
 from tasks import QAData
 from tokenizer import HFEncoding, WordVocab, from_record, get_encoding
 
 
+def runnable_here(args, where):
+    """model_args with each compute-only key (model.COMPUTE_KEYS) this machine cannot run read as its default: a
+    checkpoint trained on a GPU opens anywhere, one note per key naming it and the file."""
+    for key, (default, runs) in COMPUTE_KEYS.items():
+        if key in args and not runs(args[key]):
+            print(f"note: '{where}' was trained with {key}={args[key]!r} (compute only, no weight depends on it), which "
+                  f"this machine cannot run: read as {default!r}", file=sys.stderr)
+            args = {**args, key: default}
+    return args
+
+
+def sizes_match(args, weights, where):
+    """model_args against the weights present (their names and shapes), before any module is built: a record of
+    100,000 layers beside the weights of one is one line naming the keys that make the size, not minutes of building."""
+    blocks = {k.split(".")[2] for k in weights if k.startswith("transformer.h.")}
+    copies = args.get("n_loop", 1) if args.get("recurrence") == "none" else 1
+    want = args.get("n_layer", 0) * copies if isinstance(copies, int) else None
+    keys = f"n_layer={args.get('n_layer')!r}" + (f" x n_loop={copies!r} (recurrence='none': untied copies)" if copies != 1 else "")
+    wte = weights.get("transformer.wte.weight")
+    why = (f"{keys} make {want} blocks, its weights hold {len(blocks)}" if want != len(blocks) else
+           f"vocab_size={args.get('vocab_size')!r}, n_embd={args.get('n_embd')!r}, its embedding is {tuple(wte.shape)}"
+           if wte is not None and tuple(wte.shape) != (args.get("vocab_size"), args.get("n_embd")) else None)
+    if why:
+        raise CheckpointError(f"'{where}': its model_args do not describe its weights ({why}): damaged or hand-edited; "
+                              "use another copy")
+
+
 def model_from_checkpoint(ckpt, use_ema=True, **overrides):
     """Rebuild the GPT of a checkpoint (its weight average when it has one and use_ema);
-    overrides (e.g. disco_alpha) change config fields."""
-    try:
-        config = GPTConfig.from_dict({**ckpt["model_args"], **overrides})
-    except (TypeError, ValueError) as e:
-        raise CheckpointError(f"'{ckpt.get('path', 'the checkpoint')}': its model config is invalid: {e}") from None
-    model = GPT(config)
+    overrides (e.g. disco_alpha) change config fields. The sizes are checked against the weights before building."""
+    where = ckpt.get("path", "the checkpoint")
     weights = ckpt["ema"] if use_ema and "ema" in ckpt else ckpt["model"]
+    args = runnable_here({**ckpt["model_args"], **overrides}, where)
+    try:
+        config = GPTConfig.from_dict(args)
+    except (TypeError, ValueError) as e:
+        raise CheckpointError(f"'{where}': its model config is invalid: {e}") from None
+    sizes_match(dataclasses.asdict(config), weights, where)
+    model = GPT(config)
     missing, unexpected = model.load_state_dict(weights, strict=False)
     if missing or unexpected:
         raise CheckpointError(f"checkpoint does not match its config: missing {missing[:3]}, "

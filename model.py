@@ -18,6 +18,7 @@ loop; the head and Phi read it as it is. DiscoLoop's order is then: h = ln_f(f(H
 import functools
 import importlib
 import math
+import os
 from dataclasses import dataclass, fields
 
 import torch
@@ -202,6 +203,12 @@ CONTINUE_KEYS = ("block_size", "n_prelude", "n_coda", "recurrence", "n_loop", "d
                  "ponder_multiply_steps", "pos_shift", "dropout", "scaled_init", "label_smoothing", "loop_loss", "loss_chunk",
                  "activation_checkpointing")
 ARCH_KEYS = tuple(k for k in GPTConfig.defaults() if k not in CONTINUE_KEYS)
+# Keys that decide how the numbers are computed, never a weight (equal results: tests/test_phi.py, test_checkpointing.py):
+# where a checkpoint is opened (inference.model_from_checkpoint) a value this machine cannot run is read as the
+# default, one note each. key -> (default, whether this machine runs the value)
+COMPUTE_KEYS = {"phi_kernel": ("auto", lambda v: v != "fused" or torch.cuda.is_available()
+                               or os.environ.get("TRITON_INTERPRET") == "1"),  # a Triton kernel: CUDA or its interpreter
+                "activation_checkpointing": ("none", lambda v: v != "auto")}  # 'auto' is resolved by a training run
 
 
 class RMSNorm(nn.Module):
