@@ -131,8 +131,9 @@ class GPTConfig:
               "disco_alpha": (lambda c: c["disco_gate"] == "fixed", "disco_gate='fixed', not {disco_gate!r}"),
               "pos_every_loop": (lambda c: c["pos_emb"] == "learned", "pos_emb='learned', not {pos_emb!r}"),
               "rope_theta": (lambda c: c["pos_emb"] == "rope", "pos_emb='rope', not {pos_emb!r}"),
-              "loop_loss": (lambda c: c["recurrence"] != "none" and not c.get("loops_by_hops"), "loops the head reads "
-                            "alike (not recurrence='none' nor loops_by_hops)"),
+              "loop_loss": (lambda c: c["recurrence"] != "none" and not c.get("loops_by_hops") and c["n_loop"] > 1,
+                            "loops the head reads alike: n_loop > 1 (n_loop={n_loop}), not recurrence='none' nor "
+                            "loops_by_hops"),
               "qkv_bias": (lambda c: not c["bias"], "bias=False (bias=True already has q, k, v biases)")}
 
     def __post_init__(self):

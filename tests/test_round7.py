@@ -126,3 +126,59 @@ def test_one_gate_per_checkpoint_and_the_old_gate_still_opens(tiny_data, tmp_pat
     os.remove(out / "ckpt.exit_gate.pt")
     os.mkfifo(out / "ckpt.exit_gate.pt")
     one_line(run(["exits.py", f"--ckpt={out}", "--exit_rule=gate"], timeout=60), "is a named pipe")
+
+
+def doctored(tiny_run, dest, **args):
+    """tiny_run's checkpoint with model_args changed (a valid CRC: save_checkpoint writes it)."""
+    from checkpoint import save_checkpoint
+    ck = torch.load(os.path.join(tiny_run, "ckpt.pt"), weights_only=True)
+    ck = {k: v for k, v in ck.items() if k not in ("crc32", MARK)}
+    os.makedirs(dest, exist_ok=True)
+    shutil.copy(os.path.join(tiny_run, "config.json"), dest)
+    save_checkpoint({**ck, "model_args": {**ck["model_args"], **args}}, os.path.join(dest, "ckpt.pt"))
+    return str(dest)
+
+
+def test_sizes_are_checked_against_the_weights_before_building(tiny_run, tmp_path):
+    import time
+    from checkpoint import load_checkpoint
+    from common import CheckpointError
+    from inference import model_from_checkpoint
+    for args, blamed in (({"n_layer": 100000}, "n_layer=100000"), ({"recurrence": "none", "n_loop": 20000}, "n_loop=20000"),
+                         ({"vocab_size": 10 ** 6}, "vocab_size=1000000")):
+        ck = load_checkpoint(doctored(tiny_run, tmp_path / blamed, **args))
+        t = time.perf_counter()
+        with pytest.raises(CheckpointError, match="do not describe its weights") as e:
+            model_from_checkpoint(ck)
+        assert time.perf_counter() - t < 1 and blamed in str(e.value), str(e.value)
+    one_line(run(["sample.py", f"--ckpt={tmp_path / 'n_layer=100000'}", "--max_new_tokens=1"], timeout=120), "n_layer=100000")
+
+
+def test_compute_only_keys_are_the_machines(tiny_run, tmp_path, monkeypatch):
+    """A checkpoint trained with the fused kernel opens here, one note naming key and file; 'auto' checkpointing too."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    from inference import runnable_here
+    args = runnable_here({"phi_kernel": "fused", "activation_checkpointing": "auto", "n_layer": 1}, "x/ckpt.pt")
+    assert args == {"phi_kernel": "auto" if not torch.cuda.is_available() else "fused", "activation_checkpointing": "none",
+                    "n_layer": 1}
+    ck = doctored(tiny_run, tmp_path / "gpu", activation_checkpointing="auto")
+    r = ok(run(["probe.py", "acc", f"--ckpt={ck}", f"--json={tmp_path / 'a.json'}"]))
+    assert len([ln for ln in r.stderr.splitlines() if "activation_checkpointing='auto'" in ln and "gpu" in ln]) == 1
+
+
+def test_refusals_and_notes_of_this_turns_keys(tiny_data, tiny_run, tmp_path):
+    bench = ["bench.py", "step", "config/pretrain_tiny.py", "--vocab_size=64", "--steps=1", "--n_layer=1"]
+    same = tmp_path / "same.json"
+    one_line(run([*bench, f"--json={same}", f"--plan_cache={same}"]), "are one file")
+    one_line(run([*bench, "--optimizer=adamw", "--cuda_graph=True"]), "cuda_graph=True has no effect")
+    one_line(run(tiny_train_args(tiny_data, str(tmp_path / "l"), "--max_iters=1", "--recurrence=loop", "--n_loop=1",
+                                 "--loop_loss=0.5")), "loop_loss=0.5 has no effect", "n_loop > 1")
+    r = ok(run(tiny_train_args(tiny_data, str(tmp_path / "g"), "--max_iters=2", "--eval_interval=2",
+                               "--optimizer=adamw", "--cuda_graph=True", "--activation_checkpointing=auto")))
+    assert "note: cuda_graph=True on device 'cpu'" in r.stderr and "activation_checkpointing='auto' -> 'block'" in r.stdout
+    run_dir = tmp_path / "rows"  # a metrics row without 'time' (hand-made or cut): the table says '-'
+    shutil.copytree(tiny_run, run_dir)
+    rows = (run_dir / "metrics.jsonl").read_text().splitlines()
+    rows[-1] = json.dumps({k: v for k, v in json.loads(rows[-1]).items() if k != "time"})
+    (run_dir / "metrics.jsonl").write_text("\n".join(rows) + "\n")
+    ok(run(["probe.py", "plot", str(run_dir), f"--png={tmp_path / 'c.png'}"]))
