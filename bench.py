@@ -251,12 +251,12 @@ def training_config(argv, name, doc, extra, checks, need_file=True, need_vocab=T
                       [*files, __file__, train_config.__file__, sys.modules[GPTConfig.__module__].__file__],
                       {**train_config.CHECKS, **checks}, stated)
         train_config.check(c, stated)  # train.py's one validator: the training keys' relations, GPTConfig's, inert keys
-        check_inert(c, train_config.defaults(), {k: (ok, f"a script that reads it (bench.py {name} times fp32 eager "
-                                                    "decoding)") for k, ok in unused.items()}, stated)
+        check_inert(c, train_config.defaults(), {k: (ok, f"a script that reads it: {where}")
+                                                 for k, (ok, where) in unused.items()}, stated)
         if need_vocab and not c["vocab_size"]:
             raise ConfigError("vocab_size=0 (the dataset's) is unknown without the data: set --vocab_size")
         if c.get("json"):  # every such --json is a measure.RowLog: before any work, a pipe or a user's file is one line
-            owned(c["json"], "jsonl", "json", "extended", "rows")
+            owned(c["json"], "rows", "json", "extended")
         return c
     except (ConfigError, ValueError) as e:
         die(e)
@@ -313,7 +313,12 @@ def step_main(argv):
              "json": "",                # append one JSON line per variant to this file, as it is measured
              "plan_cache": ""}          # a JSON file of memory plans, read and extended ('' = none)
     c = training_config(argv, "step", step_main.__doc__, extra, {"steps": INT_GE0, "warmup": INT_GE0,
-                                                                 "json": OUTPUT, "plan_cache": OUTPUT})
+                                                                 "json": OUTPUT, "plan_cache": OUTPUT},
+                        unused={"cuda_graph": (lambda c: not c["cuda_graph"], "train.py (bench.py step times the eager "
+                                                                               "step, without a CUDA graph)")})
+    if c["json"] and c["plan_cache"] and os.path.realpath(c["json"]) == os.path.realpath(c["plan_cache"]):
+        die(f"json={c['json']!r} and plan_cache={c['plan_cache']!r} are one file: allowed two paths (a row log and a "
+            "cache of plans are different files)")
     try:
         names = c["variants"].split(",")
         if not set(names) <= set(RECURRENCES) or len(set(names)) < len(names):
@@ -485,7 +490,8 @@ def sample_main(argv):
              **EXIT_KEYS, **SPEC_KEYS}
     c = training_config(argv, "sample", sample_main.__doc__, extra, {"new_tokens": INT_GE1, "prompt": INT_GE1,
                         "samples": INT_GE1, **EXIT_CHECKS, **SPEC_CHECKS},
-                        unused={"dtype": lambda c: c["dtype"] == "float32", "compile": lambda c: not c["compile"]},
+                        unused={k: (ok, "train.py (bench.py sample times fp32 eager decoding)") for k, ok in
+                                (("dtype", lambda c: c["dtype"] == "float32"), ("compile", lambda c: not c["compile"]))},
                         need_vocab=not any(a.startswith("--ckpt=") and len(a) > 7 for a in argv),  # a run has its own
                         files=[sys.modules[m].__file__ for m in ("inference", "speculative")])  # their keys' comments
     try:

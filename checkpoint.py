@@ -63,9 +63,9 @@ def earlier_work(out_dir, eval_only=False):
     metrics = os.path.join(out_dir, "metrics.jsonl")
     try:
         for n in [] if eval_only else names:
-            owned(os.path.join(out_dir, n), "checkpoint", "checkpoint", "replaced or deleted", "checkpoint")
+            owned(os.path.join(out_dir, n), "checkpoint", "checkpoint", "replaced or deleted")
         if not names and not eval_only:
-            owned(metrics, "jsonl", "metrics.jsonl", "replaced", "metrics")
+            owned(metrics, "metrics", "metrics.jsonl")
     except ConfigError as e:
         raise CheckpointError(f"out_dir {out_dir!r}: {e}") from None
     return names + (["metrics.jsonl"] if os.path.isfile(metrics) and os.path.getsize(metrics) else [])

@@ -63,3 +63,40 @@ def old_folder(meta, generator, keys):
         return "made before meta.json recorded its kind"
     missing = [k for k in keys if k not in meta.get("config", {}) and k in ADDED_SINCE.get(generator, ())]
     return f"made before {missing[0]!r} existed" if missing else ""
+
+
+# exits.py gate's file before each checkpoint had its own (inference.gate_path): one exit_gate.pt beside ckpt.pt
+OLD_GATE_FILE = "exit_gate.pt"
+
+
+# What earlier commits wrote where the project writes, before those files carried common.MARK (or under a mark of their
+# own), by writer (common.OWNERS): each a test true only of that writer's shape, so a user's file that merely shares a
+# key or a name stays refused. owned() replaces such a file with one note.
+def _old_probe(o):  # probe.py <= 082ca7f: {"probe": verb, <loop count or split>: {...} or [...], ...}
+    return isinstance(o.get("probe"), str) and len(o) > 1 and all(isinstance(v, (dict, list)) for k, v in o.items()
+                                                                  if k != "probe")
+
+
+def _old_figure(head):  # matplotlib's PNG of probe.py plot / sweep / exit before the Creator mark, at their own sizes
+    if head[:8] != b"\x89PNG\r\n\x1a\n" or b"tEXtSoftware\x00Matplotlib version" not in head[:128]:
+        return False
+    size = (int.from_bytes(head[16:20], "big"), int.from_bytes(head[20:24], "big"))
+    return size in {(1100, 396), (540, 384)} | {(432 * n, 384) for n in range(1, 9)}  # figsize x dpi of each
+
+
+OLD_WRITERS = {
+    "checkpoint": lambda o: {"model_args", "crc32"} <= set(o),  # its checksum and model record
+    "probe.py": _old_probe,
+    "eval_harness.py": lambda o: {"row", "results", "n_loop", "mean_loops"} <= set(o) and isinstance(o["results"], dict),
+    "plan cache": lambda o: o.get("discoloop_plan_cache") == 1,  # that commit's own mark
+    "metrics": lambda o: type(o.get("iter")) is int and isinstance(o.get("time"), (int, float)) and len(o) > 3,
+    "rows": lambda o: isinstance(o.get("run"), dict) and {"device", "dtype", "torch"} <= set(o["run"]),
+    "figure": _old_figure,
+}
+
+
+def old_writer(writer, obj):
+    """Whether obj (a loaded JSON object, first row or torch dict; a figure's first bytes) is `writer`'s file of an
+    earlier commit."""
+    test = OLD_WRITERS.get(writer)
+    return bool(test) and test(obj)

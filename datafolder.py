@@ -12,7 +12,7 @@ Anything else is nobody's we know, and is left untouched.
 """
 import os
 
-from common import ConfigError, DataError, owned, read_json
+from common import DataError, is_ours, read_json
 
 KINDS = ("qa", "tokens", "tasks", "model")  # tasks: lm-eval task YAMLs (data/benchmarks); model: pretrained weights (data/smollm2)
 MODEL_FILES = (".safetensors", ".bin", ".gguf", ".pt", "tokenizer.json", "tokenizer_config.json")  # a model's files
@@ -100,10 +100,7 @@ def _marked_run_file(path):
     if path.endswith("run.lock"):
         with open(path, "rb") as f:
             return f.read(33).strip().isdigit() or os.path.getsize(path) == 0
-    try:
-        return owned(path, "checkpoint", "checkpoint", what="checkpoint")
-    except ConfigError:
-        return False
+    return is_ours(path, "checkpoint")
 
 
 def owner(path):

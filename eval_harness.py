@@ -290,7 +290,7 @@ def main(argv):
         if not c["ckpt"]:
             raise ConfigError("--ckpt=PATH is required (a checkpoint file or run folder)")
         path = c["json"] or beside_checkpoint(c["ckpt"], "eval_harness.json")  # decided before the evaluation
-        owned(path, "json", what="eval_harness.py")
+        owned(path, "eval_harness.py", "json")
         import lm_eval
         from lm_eval.tasks import TaskManager
         if c["threads"]:

@@ -4,7 +4,7 @@ learned exit trained for it (issue 62):
 
     python exits.py --ckpt=out/hops --exit_thresholds=0.5,0.9 --png=exit.png        # accuracy vs loops per token
     python exits.py --ckpt=out/small_disco --windows=256 --exit_thresholds=0.5,0.9  # a pretraining run: val loss
-    python exits.py gate --ckpt=out/small_disco                      # the learned exit: out/small_disco/exit_gate.pt
+    python exits.py gate --ckpt=out/small_disco                      # the learned exit: out/small_disco/ckpt.exit_gate.pt
     python exits.py --ckpt=out/small_disco --windows=256 --exit_rule=gate           # ... measured (its threshold too)
 
 A question-answer checkpoint (symbolic, nl) is measured per split: accuracy, loops per token, the loop each answer exits
@@ -468,9 +468,9 @@ def main(argv):
         torch.set_default_device(device)  # data, model and every tensor are made there
     try:
         if verb == "gate":  # a file of this project's is replaced, a user's never (checked before the work)
-            owned(gate_path(a["ckpt"]), "checkpoint", "exit_gate", what="exit gate")
+            owned(gate_path(a["ckpt"]), "exit gate", "exit_gate")
         out = a["json"] or (beside_checkpoint(a["ckpt"], "exits.json") if verb == "" else "")  # before the work
-        owned(out, "json", what="exits.py")
+        owned(out, "exits.py", "json")
         model, data = load(a["ckpt"], a["data_dir"], a["raw"], tokens_ok=True)
         with torch.no_grad(), autocast(device, resolve_dtype(a["dtype"], device)):
             res = VERBS[verb][0](model, data, a)

@@ -13,24 +13,55 @@ import torch
 import torch.nn as nn
 
 from checkpoint import config_mismatch, content_crc, load_checkpoint
-from common import MARK, CheckpointError, ConfigError, DataError, read_json
+from common import MARK, CheckpointError, ConfigError, DataError, not_regular, read_json
+from compat import OLD_GATE_FILE
 from configurator import INT_GE1
 from datafolder import kind_of, owner, read_meta
-from model import GPT, Exit, GPTConfig
+from model import COMPUTE_KEYS, GPT, Exit, GPTConfig
 from shards import TokenShards
 from tasks import QAData
 from tokenizer import HFEncoding, WordVocab, from_record, get_encoding
 
 
+def runnable_here(args, where):
+    """model_args with each compute-only key (model.COMPUTE_KEYS) this machine cannot run read as its default: a
+    checkpoint trained on a GPU opens anywhere, one note per key naming it and the file."""
+    for key, (default, runs) in COMPUTE_KEYS.items():
+        if key in args and not runs(args[key]):
+            print(f"note: '{where}' was trained with {key}={args[key]!r} (compute only, no weight depends on it), which "
+                  f"this machine cannot run: read as {default!r}", file=sys.stderr)
+            args = {**args, key: default}
+    return args
+
+
+def sizes_match(args, weights, where):
+    """model_args against the weights present (their names and shapes), before any module is built: a record of
+    100,000 layers beside the weights of one is one line naming the keys that make the size, not minutes of building."""
+    blocks = {k.split(".")[2] for k in weights if k.startswith("transformer.h.")}
+    copies = args.get("n_loop", 1) if args.get("recurrence") == "none" else 1
+    want = args.get("n_layer", 0) * copies if isinstance(copies, int) else None
+    keys = f"n_layer={args.get('n_layer')!r}" + (f" x n_loop={copies!r} (recurrence='none': untied copies)" if copies != 1 else "")
+    wte = weights.get("transformer.wte.weight")
+    why = (f"{keys} make {want} blocks, its weights hold {len(blocks)}" if want != len(blocks) else
+           f"vocab_size={args.get('vocab_size')!r}, n_embd={args.get('n_embd')!r}, its embedding is {tuple(wte.shape)}"
+           if wte is not None and tuple(wte.shape) != (args.get("vocab_size"), args.get("n_embd")) else None)
+    if why:
+        raise CheckpointError(f"'{where}': its model_args do not describe its weights ({why}): damaged or hand-edited; "
+                              "use another copy")
+
+
 def model_from_checkpoint(ckpt, use_ema=True, **overrides):
     """Rebuild the GPT of a checkpoint (its weight average when it has one and use_ema);
-    overrides (e.g. disco_alpha) change config fields."""
-    try:
-        config = GPTConfig.from_dict({**ckpt["model_args"], **overrides})
-    except (TypeError, ValueError) as e:
-        raise CheckpointError(f"'{ckpt.get('path', 'the checkpoint')}': its model config is invalid: {e}") from None
-    model = GPT(config)
+    overrides (e.g. disco_alpha) change config fields. The sizes are checked against the weights before building."""
+    where = ckpt.get("path", "the checkpoint")
     weights = ckpt["ema"] if use_ema and "ema" in ckpt else ckpt["model"]
+    args = runnable_here({**ckpt["model_args"], **overrides}, where)
+    try:
+        config = GPTConfig.from_dict(args)
+    except (TypeError, ValueError) as e:
+        raise CheckpointError(f"'{where}': its model config is invalid: {e}") from None
+    sizes_match(dataclasses.asdict(config), weights, where)
+    model = GPT(config)
     missing, unexpected = model.load_state_dict(weights, strict=False)
     if missing or unexpected:
         raise CheckpointError(f"checkpoint does not match its config: missing {missing[:3]}, "
@@ -194,7 +225,8 @@ def exit_option(rule, threshold, min_loops, model, n_loop=None, ckpt=None):
         raise ConfigError(str(e)) from None
 
 
-GATE_FILE = "exit_gate.pt"  # beside the checkpoint it was trained for (exits.py gate)
+GATE_SUFFIX = ".exit_gate.pt"  # ckpt.pt's gate is ckpt.exit_gate.pt, ckpt_500.pt's ckpt_500.exit_gate.pt (exits.py gate)
+GATE_KEYS = ("gate", "crc32", "model_args", "of", "K", "min_loops", "bound", "threshold")  # what load_gate reads
 
 
 class ExitGate(nn.Module):
@@ -229,28 +261,42 @@ def weights_crc(model):
     return content_crc(model.state_dict())
 
 
+def checkpoint_file(ckpt):
+    """The checkpoint file a run folder or checkpoint path names (a folder: its ckpt.pt)."""
+    return os.path.join(ckpt, "ckpt.pt") if os.path.isdir(ckpt) else ckpt
+
+
 def gate_path(ckpt):
-    """Where the exit gate of a checkpoint (a run folder or a checkpoint file in one) lives: beside it."""
-    return os.path.join(ckpt if os.path.isdir(ckpt) else os.path.dirname(ckpt) or ".", GATE_FILE)
+    """Where the exit gate of a checkpoint lives: beside it, named after it (ckpt.pt: ckpt.exit_gate.pt), so two
+    checkpoints of one folder keep two gates and training one never replaces the other's."""
+    return os.path.splitext(checkpoint_file(ckpt))[0] + GATE_SUFFIX
 
 
 def load_gate(ckpt, model):
     """(ExitGate, its record) trained beside checkpoint `ckpt` for this very model (the same weights and model_args): a
-    missing, foreign or other model's gate is one CheckpointError line."""
+    missing, foreign, damaged or other model's gate is one CheckpointError line. An earlier commit's exit_gate.pt
+    beside ckpt.pt (compat.OLD_GATE_FILE) opens when ckpt.pt has no gate of today's name."""
     if not ckpt:
         raise ConfigError("exit_rule='gate' reads the gate trained beside a checkpoint (python exits.py gate --ckpt=RUN): "
                           "this model has no checkpoint: allowed 'prob' or 'kl'")
-    path = gate_path(ckpt)
-    if not os.path.isfile(path):
-        raise CheckpointError(f"exit_rule='gate' needs the exit gate beside the checkpoint: no '{path}' (train it: "
-                              f"python exits.py gate --ckpt={ckpt})")
+    path, train = gate_path(ckpt), f"python exits.py gate --ckpt={ckpt}"
+    old = os.path.join(os.path.dirname(path), OLD_GATE_FILE)
+    if not os.path.lexists(path) and os.path.basename(checkpoint_file(ckpt)) == "ckpt.pt" and os.path.lexists(old):
+        path = old
+    is_ = not_regular(path)  # a named pipe would block torch.load for ever
+    if is_ or not os.path.isfile(path):
+        raise CheckpointError(f"exit_rule='gate' needs the exit gate beside the checkpoint: '{path}' "
+                              f"{'is ' + is_ if is_ else 'not found'} (train it: {train})")
     try:
         rec = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # a foreign or damaged file: one line, never a traceback
         raise CheckpointError(f"'{path}' is not a readable exit gate ({type(e).__name__})") from None
     if not isinstance(rec, dict) or rec.get(MARK) != "exit gate":
-        raise CheckpointError(f"'{path}' is not an exit gate ({MARK!r} 'exit gate' missing): train one with python "
-                              f"exits.py gate --ckpt={ckpt}")
+        raise CheckpointError(f"'{path}' is not an exit gate ({MARK!r} 'exit gate' missing): train one with {train}")
+    lacks = [k for k in GATE_KEYS if k not in rec] or ([] if isinstance(rec["model_args"], dict) else ["model_args"])
+    if lacks:
+        raise CheckpointError(f"'{path}' carries the exit gate's mark but lacks {', '.join(map(repr, lacks))} (damaged "
+                              f"or hand-edited): train it again with {train}")
     crc, args = weights_crc(model), dataclasses.asdict(model.config)
     why = next((f"{k}: the gate's model has {v!r}, this one {args[k]!r}" for k, v in rec["model_args"].items()
                 if k in args and args[k] != v), None)  # a key newer than the gate is not compared

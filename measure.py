@@ -15,7 +15,7 @@ class RowLog:
     line the run's description): a run killed by a time limit keeps every row it finished."""
 
     def __init__(self, header, path, meta):
-        owned(path, "jsonl", "json", "extended", "rows")  # only to a new file or one a RowLog began (its first row's mark)
+        owned(path, "rows", "json", "extended")  # only to a new file or one a RowLog began (its first row's mark)
         self.header, self.path, self.records = header, path, {}
         print(table(header, []), flush=True)
         self.write(marked({"run": meta}, "rows"))
@@ -42,9 +42,9 @@ class RowLog:
 def read_plan_cache(path):
     """The plan cache at path ({} if absent): a JSON object bench.py step wrote (common.owned: its mark), else one line
     (a user's file, a device, a pipe or a folder is never read as one nor overwritten)."""
-    if not path or not owned(path, "json", "plan_cache", what="plan cache"):
+    if not path or not owned(path, "plan cache", "plan_cache", "kept and extended"):
         return marked({}, "plan cache")
-    return read_json(path)
+    return marked(read_json(path), "plan cache")  # an earlier commit's cache (its own mark) is kept, marked as today's
 
 
 def cached_plan(c, r, dtype):

@@ -177,6 +177,9 @@ def check_fits(c, world_size, dtype, capacity, check=True, show=True):
         plans[policy] = plans.get(policy) or plan({**c, "activation_checkpointing": policy}, world_size, dtype)
         return plans[policy].total
     policy = pick_checkpointing(total_of, capacity) if asked == "auto" else asked
+    if show and asked == "auto" and not capacity:
+        print(f"activation_checkpointing='auto' -> {policy!r}: no GPU memory to fit here (a CPU plans nothing), so the "
+              "least memory, alike on every such machine")
     if not capacity or not (check or plans):  # a CPU, or a GPU told not to check a given policy
         return policy, None
     total = total_of(policy)

@@ -18,6 +18,7 @@ loop; the head and Phi read it as it is. DiscoLoop's order is then: h = ln_f(f(H
 import functools
 import importlib
 import math
+import os
 from dataclasses import dataclass, fields
 
 import torch
@@ -109,8 +110,9 @@ class GPTConfig:
               "disco_alpha": (lambda c: c["disco_gate"] == "fixed", "disco_gate='fixed', not {disco_gate!r}"),
               "pos_every_loop": (lambda c: c["pos_emb"] == "learned", "pos_emb='learned', not {pos_emb!r}"),
               "rope_theta": (lambda c: c["pos_emb"] == "rope", "pos_emb='rope', not {pos_emb!r}"),
-              "loop_loss": (lambda c: c["recurrence"] != "none" and not c.get("loops_by_hops"), "loops the head reads "
-                            "alike (not recurrence='none' nor loops_by_hops)"),
+              "loop_loss": (lambda c: c["recurrence"] != "none" and not c.get("loops_by_hops") and c["n_loop"] > 1,
+                            "loops the head reads alike: n_loop > 1 (n_loop={n_loop}), not recurrence='none' nor "
+                            "loops_by_hops"),
               "loop_loss_weights": (lambda c: c["loop_loss"] > 0, "loop_loss > 0"),
               "qkv_bias": (lambda c: not c["bias"], "bias=False (bias=True already has q, k, v biases)")}
 
@@ -188,6 +190,12 @@ CONTINUE_KEYS = ("block_size", "n_prelude", "n_coda", "recurrence", "n_loop", "d
                  "ponder_multiply_steps", "pos_shift", "dropout", "scaled_init", "label_smoothing", "loop_loss",
                  "loop_loss_weights", "loss_chunk", "activation_checkpointing")
 ARCH_KEYS = tuple(k for k in GPTConfig.defaults() if k not in CONTINUE_KEYS)
+# Keys that decide how the numbers are computed, never a weight (equal results: tests/test_phi.py, test_checkpointing.py):
+# where a checkpoint is opened (inference.model_from_checkpoint) a value this machine cannot run is read as the
+# default, one note each. key -> (default, whether this machine runs the value)
+COMPUTE_KEYS = {"phi_kernel": ("auto", lambda v: v != "fused" or torch.cuda.is_available()
+                               or os.environ.get("TRITON_INTERPRET") == "1"),  # a Triton kernel: CUDA or its interpreter
+                "activation_checkpointing": ("none", lambda v: v != "auto")}  # 'auto' is resolved by a training run
 
 
 class RMSNorm(nn.Module):

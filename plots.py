@@ -132,7 +132,7 @@ def print_qa_tables(out, sfx, hops, stop_metric, stop_patience):
     print(f"{hops}-hop splits:")
     print(table(["run", "epoch", "minutes", "CPU minutes", f"test_id{sfx}", f"test_ood{sfx}", f"Stage-1 train_id{sfx}",
                  "best test_ood", "ID>=.8", "ID>=.9", "OOD>=.8", "OOD>=.9", "Stage-1 peak (epoch)", "Stage-1 < .05 from"],
-                [[k, v["last"].get("epoch"), round(v["last"]["time"] / 60, 1),
+                [[k, v["last"].get("epoch"), round(v["last"]["time"] / 60, 1) if "time" in v["last"] else "-",  # a hand-made row may lack it
                   round(v["last"]["cpu_time"] / 60, 1) if "cpu_time" in v["last"] else "-",
                   v["last"].get(f"acc/test_id{sfx}"), v["last"].get(f"acc/test_ood{sfx}"),
                   v["last"].get(f"acc1/train_id{sfx}"), v["first"]["best_ood"]]
@@ -170,7 +170,7 @@ def plot_pretraining(logs, png, plt):
         ax1.plot([m["iter"] * per_iter[d] / 1e6 for m in v], [m["val_loss"] for m in v], color=f"C{i}", label=labels[d])
         ax2.plot([m["iter"] * per_iter[d] / 1e6 for m in t], [m["loss"] for m in t], color=f"C{i}", label=labels[d])
         out[labels[d]] = {"iter": v[-1]["iter"], "tokens": v[-1]["iter"] * per_iter[d], "val_loss": v[-1]["val_loss"],
-                          "best_val_loss": min(m["val_loss"] for m in v), "minutes": round(v[-1]["time"] / 60, 1)}
+                          "best_val_loss": min(m["val_loss"] for m in v), "minutes": round(v[-1]["time"] / 60, 1) if "time" in v[-1] else None}
     ax1.set(xlabel="tokens (M)", ylabel="validation loss", title="validation loss")
     ax2.set(xlabel="tokens (M)", ylabel="training loss (logged)", title="training loss")
     for ax in (ax1, ax2):
@@ -199,5 +199,6 @@ def first_crossings(ms, sfx=""):
         for t in (0.8, 0.9):
             hit = next((m for m in ms if m.get(f"acc/{split}{sfx}", 0) >= t), None)
             cpu = f"; {hit['cpu_time'] / 60:.1f}" if hit and "cpu_time" in hit else ""
-            out[f"{split}>={t}"] = f"{epoch_of(hit)} ({hit['time'] / 60:.1f}{cpu})" if hit else "-"
+            out[f"{split}>={t}"] = (f"{epoch_of(hit)} ({hit['time'] / 60:.1f}{cpu})" if "time" in hit
+                                             else f"{epoch_of(hit)}") if hit else "-"
     return out

@@ -101,6 +101,10 @@ def _load(config, ours, files, path):
     before the model is made: a config.json may claim a far larger model than its weights."""
     if "transformer.wpe.weight" in ours:
         ours["transformer.wpe.weight"] = ours["transformer.wpe.weight"][:config.block_size]
+    blocks = len({k.split(".")[2] for k in ours if k.startswith("transformer.h.")})  # counted before building any
+    if blocks != config.n_layer:
+        raise DataError(f"{path}: n_layer={config.n_layer} (its layer count) but {files} holds {blocks} blocks: the "
+                        "config does not describe the weights")
     with torch.device("meta"):
         shapes = GPT(config)
     full = _tile_copies(ours, config.n_layer, config.n_loop if shapes.rec.copies else 1)

@@ -245,7 +245,7 @@ def acc_loops(text, model):
 
 
 def run_plot(dirs, a):
-    owned(a["json"], "json", what="probe.py")
+    owned(a["json"], "probe.py", "json")
     return plots.plot(dirs, a["png"], a["stop_metric"], a["stop_patience"], a["at_epoch"], a["hops"])
 
 
@@ -344,7 +344,7 @@ def parse_args(argv):
 def run_probe(cmd, a, device):
     """A checkpoint command: (results, JSON path)."""
     out = a["json"] or beside_checkpoint(a["ckpt"], f"probe_{cmd}.json")  # before the work, not after it
-    owned(out, "json", what="probe.py")
+    owned(out, "probe.py", "json")
     model, data = load(a["ckpt"], a["data_dir"], a["raw"])
     with torch.no_grad(), autocast(device, resolve_dtype(a["dtype"], device)):
         return VERBS[cmd][0](model, data, a), out

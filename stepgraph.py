@@ -46,6 +46,9 @@ class StepGraph:
             raise ConfigError("cuda_graph=True needs optimizer='adamw' (a capturable step that reads its lr from the "
                               "device)")
         self.step, self.optimizers, self.model, self.cuda = step, optimizers, model, str(device).startswith("cuda")
+        if not self.cuda:  # the same step runs, without a graph: said once, not silent
+            print(f"note: cuda_graph=True on device {str(device)!r}: a CUDA graph needs CUDA; the step it would capture "
+                  "runs eagerly (the loss over every row, -1 targets masked)", file=sys.stderr)
         self.warm, self.graph, self.static, self.out = 0, None, None, None
 
     def __call__(self, micro_batches):

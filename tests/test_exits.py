@@ -126,7 +126,7 @@ def sha(path):
 
 
 def test_gate_trains_calibrates_and_runs_everywhere(token_runs, tmp_path):
-    """`exits.py gate` writes exit_gate.pt beside the checkpoint (marked; ckpt.pt untouched), calibrated on the val
+    """`exits.py gate` writes ckpt.exit_gate.pt beside the checkpoint (marked; ckpt.pt untouched), calibrated on the val
     windows: measured there again by exits.py at its own threshold, at most `bound` of the exited tokens' top-1 is not
     loop K's. exit_rule='gate' then runs in exits.py, sample.py and eval_harness.py; the 'improve' label trains too."""
     from eval_harness import DiscoLoopLM
@@ -136,7 +136,7 @@ def test_gate_trains_calibrates_and_runs_everywhere(token_runs, tmp_path):
     text = exits("gate", f"--ckpt={run0}", "--gate_tokens=2000", "--calib_windows=0", "--gate_bound=0.2",
                  "--gate_iters=50")
     assert "calibrated: threshold" in text and sha(run0 / "ckpt.pt") == before
-    rec = torch.load(run0 / "exit_gate.pt", weights_only=True)
+    rec = torch.load(run0 / "ckpt.exit_gate.pt", weights_only=True)
     assert rec["discoloop_mark"] == "exit gate" and rec["label"] == "agree" and rec["K"] == 3 and rec["bound"] == 0.2
     assert rec["calibration"]["met"] and rec["calibration"]["changed_top1"] <= 0.2
     assert rec["training"]["bce"] <= rec["training"]["constant_bce"] + 1e-6  # the gate learned at least the constant
@@ -153,24 +153,24 @@ def test_gate_trains_calibrates_and_runs_everywhere(token_runs, tmp_path):
     lm.loglikelihood([Req("The small cat", " sees the dog.")], disable_tqdm=True)
     assert lm.loops[1] > 0 and lm.loops[1] <= lm.loops[0] <= 3 * lm.loops[1]
     exits("gate", f"--ckpt={run0}", "--gate_tokens=2000", "--gate_label=improve", "--gate_iters=20")  # replaces its own
-    assert torch.load(run0 / "exit_gate.pt", weights_only=True)["label"] == "improve"
+    assert torch.load(run0 / "ckpt.exit_gate.pt", weights_only=True)["label"] == "improve"
 
 
 def test_a_gate_for_another_model_missing_or_foreign_is_one_line(token_runs, qa_ckpts, tmp_path):
-    """A gate beside another model's checkpoint (same shape, other weights), no gate, a user's file named exit_gate.pt
+    """A gate beside another model's checkpoint (same shape, other weights), no gate, a user's file named ckpt.exit_gate.pt
     (never replaced), a model with no checkpoint (bench.py sample's random weights): one line each."""
     run0, run1 = token_runs / "run0", tmp_path / "run1"
     shutil.copytree(token_runs / "run1", run1)
-    one_line(run(["exits.py", f"--ckpt={run1}", "--exit_rule=gate"]), "no '", "exit_gate.pt", "exits.py gate")
-    if not (run0 / "exit_gate.pt").exists():
+    one_line(run(["exits.py", f"--ckpt={run1}", "--exit_rule=gate"]), "not found", "ckpt.exit_gate.pt", "exits.py gate")
+    if not (run0 / "ckpt.exit_gate.pt").exists():
         exits("gate", f"--ckpt={run0}", "--gate_tokens=1000", "--gate_iters=10")
-    shutil.copy(run0 / "exit_gate.pt", run1 / "exit_gate.pt")
+    shutil.copy(run0 / "ckpt.exit_gate.pt", run1 / "ckpt.exit_gate.pt")
     for script in (["exits.py"], ["sample.py", "--max_new_tokens=2", "--num_samples=1"]):
         one_line(run([*script, f"--ckpt={run1}", "--exit_rule=gate"]), "is the exit gate of another model", "CRC-32")
-    (run1 / "exit_gate.pt").write_text("mine")
+    (run1 / "ckpt.exit_gate.pt").write_text("mine")
     one_line(run(["exits.py", f"--ckpt={run1}", "--exit_rule=gate"]), "not a readable exit gate")
     one_line(run(["exits.py", "gate", f"--ckpt={run1}"]), "exit_gate=", "is replaced; left untouched")
-    assert (run1 / "exit_gate.pt").read_text() == "mine"
+    assert (run1 / "ckpt.exit_gate.pt").read_text() == "mine"
     one_line(run(["bench.py", "sample", "config/pretrain_tiny.py", "--vocab_size=64", "--exit_rule=gate", "--new_tokens=2",
                   "--prompt=2"]),
              "no checkpoint")

@@ -244,7 +244,7 @@ def test_owned_says_what_it_found(tmp_path):
     js = tmp_path / "r.json"
     js.write_text(json.dumps({MARK: 1, "mine": 2}))
     with pytest.raises(ConfigError) as e:
-        owned(str(js), "json")
+        owned(str(js), "probe.py", "json")
     assert "without the mark" not in str(e.value), str(e.value)
 
 
@@ -273,11 +273,11 @@ def test_owned_follows_links_and_names_before_deciding(tmp_path):
     (tmp_path / "notes.txt").write_text("mine")
     os.symlink(tmp_path / "notes.txt", tmp_path / "link.json")
     with pytest.raises(ConfigError, match="not JSON"):
-        owned(str(tmp_path / "link.json"), "json")
+        owned(str(tmp_path / "link.json"), "probe.py", "json")
     os.mkfifo(tmp_path / "pipe")
     os.symlink(tmp_path / "pipe", tmp_path / "pipe.jsonl")
     with pytest.raises(ConfigError, match="named pipe"):
-        owned(str(tmp_path / "pipe.jsonl"), "jsonl")
+        owned(str(tmp_path / "pipe.jsonl"), "rows", "json")
     for name, make in (("ckpt_3.pt", lambda p: p.mkdir()), ("ckpt_\u0663.pt", lambda p: p.write_text("mine"))):
         d = tmp_path / f"out{len(name)}{ord(name[5])}"
         d.mkdir()

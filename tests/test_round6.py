@@ -19,29 +19,29 @@ def test_owned_reads_the_mark_not_the_name(tmp_path):
     """The one decision, each kind: absent or empty may be written; marked is ours; anything else is one line saying
     what was found; a pipe, a folder, a device are refused before they are opened."""
     f = tmp_path / "x.json"
-    assert owned(str(f), "json") is False
+    assert owned(str(f), "probe.py", "json") is False
     f.write_text("")
-    assert owned(str(f), "json") is False
+    assert owned(str(f), "probe.py", "json") is False
     f.write_text(json.dumps({"probe": "acc", "row": 1, "results": 2, "run": 3}))  # every key an older check wanted
     with pytest.raises(ConfigError, match="and no mark"):
-        owned(str(f), "json")
+        owned(str(f), "probe.py", "json")
     f.write_text(json.dumps({MARK: "probe.py acc"}))
-    assert owned(str(f), "json") is True
+    assert owned(str(f), "probe.py", "json") is True
     rows = tmp_path / "r.jsonl"
     rows.write_text(json.dumps({"run": {"mine": 1}}) + "\n")  # a RowLog's first row, before it carried the mark
     with pytest.raises(ConfigError, match="extended"):
-        owned(str(rows), "jsonl", verb="extended")
+        owned(str(rows), "rows", "json", verb="extended")
     os.mkfifo(tmp_path / "pipe")
     for path, what in ((tmp_path / "pipe", "a named pipe"), (tmp_path, "a folder"), ("/dev/null", "a device")):
         with pytest.raises(ConfigError, match=what):
-            owned(str(path), "json")
+            owned(str(path), "probe.py", "json")
     pt = tmp_path / "ckpt.pt"
     torch.save({"model": {}, "model_args": {}}, pt)  # nanoGPT's checkpoint: not ours
     with pytest.raises(ConfigError, match="a torch file object with keys"):
-        owned(str(pt), "checkpoint")
+        owned(str(pt), "checkpoint", "checkpoint")
     pt.write_text("my notes")
     with pytest.raises(ConfigError, match="torch cannot read"):
-        owned(str(pt), "checkpoint")
+        owned(str(pt), "checkpoint", "checkpoint")
 
 
 def test_overwrite_never_deletes_a_users_checkpoint_named_file(tiny_data, tmp_path):
@@ -87,7 +87,7 @@ def test_plot_default_figure_is_not_a_users_file(tiny_run, tmp_path):
     fig = tmp_path / "ours.png"
     for _ in range(2):  # a figure the project drew carries the mark and is replaced
         assert run(["probe.py", "plot", tiny_run, f"--png={fig}"]).returncode == 0
-    assert owned(str(fig), "figure") is True
+    assert owned(str(fig), "figure", "png") is True
 
 
 def test_an_absurd_pretrained_folder_is_one_line_before_building(tmp_path):

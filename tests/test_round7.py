@@ -1,0 +1,184 @@
+"""Round 7 (issue 68): upgrades keep working (what earlier commits wrote is the project's, replaced with one note; a
+user's file still never), one exit gate per checkpoint, compute-only keys are the machine's business, sizes checked
+against the weights before anything is built, one line for every refusal before the work it would waste."""
+import json
+import os
+import shutil
+import subprocess
+import tarfile
+
+import pytest
+import torch
+
+from conftest import REPO, TINY_DATA, TINY_DATA_ARGS, TINY_MODEL, one_line, run, tiny_train_args
+
+from common import MARK, ConfigError, owned
+
+PRE_MARK = "082ca7f"  # the last commit before files carried the mark (ce527c9 "ownership by a mark")
+PRE_GATE_NAME = "8967c81"  # the last commit with one exit_gate.pt per folder
+
+
+def old_tree(tmp_path_factory, commit):
+    """That commit's tree (git archive), to run its own scripts; skipped outside a git checkout with the history."""
+    dest = tmp_path_factory.mktemp(f"tree_{commit}")
+    try:
+        tar = subprocess.run(["git", "-C", REPO, "archive", "--format=tar", commit], capture_output=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        pytest.skip(f"commit {commit} is not in this checkout's history")
+    with tarfile.open(fileobj=__import__("io").BytesIO(tar)) as t:
+        t.extractall(dest, filter="data")
+    return dest
+
+
+def ok(r):
+    assert r.returncode == 0, r.stderr[-3000:]
+    return r
+
+
+@pytest.fixture(scope="module")
+def pre_mark(tmp_path_factory):
+    """A run folder, its probe_acc.json, a curves.png, a plan cache and a row log, made by the pre-mark commit."""
+    src = old_tree(tmp_path_factory, PRE_MARK)
+    d = tmp_path_factory.mktemp("pre_mark")
+    ok(run(["data/symbolic/prepare.py", f"--out_dir={d / 'data'}", *TINY_DATA], cwd=src))
+    ok(run(["train.py", "config/symbolic.py", f"--data_dir={d / 'data'}", f"--out_dir={d / 'run'}",
+            f"--data_args={TINY_DATA_ARGS}", *TINY_MODEL, "--max_iters=2", "--eval_interval=2", "--recurrence=loop"],
+           cwd=src))
+    ok(run(["probe.py", "acc", f"--ckpt={d / 'run'}"], cwd=src))
+    ok(run(["probe.py", "plot", str(d / "run"), f"--png={d / 'curves.png'}"], cwd=src))
+    ok(run(["bench.py", "step", "config/pretrain_tiny.py", "--vocab_size=64", "--steps=1", "--n_layer=1",
+            f"--plan_cache={d / 'plans.json'}", f"--json={d / 'rows.jsonl'}"], cwd=src))
+    return d
+
+
+def note_once(r, *needles):
+    notes = [ln for ln in r.stderr.splitlines() if "earlier commit of this project" in ln]
+    assert len(notes) == 1 and all(n in notes[0] for n in needles), r.stderr[-2000:]
+
+
+def test_files_of_the_commit_before_the_mark_are_replaced_with_one_note(pre_mark, tmp_path):
+    d = pre_mark
+    note_once(ok(run(["probe.py", "acc", f"--ckpt={d / 'run'}"])), "probe_acc.json")
+    assert json.loads((d / "run" / "probe_acc.json").read_text())[MARK] == "probe.py acc"
+    note_once(ok(run(["probe.py", "plot", str(d / "run"), f"--png={d / 'curves.png'}"])), "curves.png")
+    before = json.loads((d / "plans.json").read_text())
+    r = ok(run(["bench.py", "step", "config/pretrain_tiny.py", "--vocab_size=64", "--steps=1", "--n_layer=1",
+                f"--plan_cache={d / 'plans.json'}", f"--json={d / 'rows.jsonl'}"]))
+    assert len([ln for ln in r.stderr.splitlines() if "earlier commit" in ln]) == 2, r.stderr  # cache, row log
+    after = json.loads((d / "plans.json").read_text())
+    assert after[MARK] == "plan cache" and set(before) <= set(after)  # its plans are kept
+    assert len((d / "rows.jsonl").read_text().splitlines()) > 3  # extended, not replaced
+    gone = tmp_path / "run"  # the run after its ckpt.pt was removed: config.json and an old metrics.jsonl
+    shutil.copytree(d / "run", gone)
+    os.remove(gone / "ckpt.pt")
+    note_once(ok(run(tiny_train_args(str(d / "data"), str(gone), "--max_iters=2", "--eval_interval=2",
+                                     "--overwrite=True"))), "metrics.jsonl")
+    assert json.loads((gone / "metrics.jsonl").read_text().splitlines()[0])[MARK] == "metrics"
+
+
+def test_an_old_shape_is_not_a_users_file(tmp_path):
+    """Recognised by the whole shape an old writer wrote, never by a shared key: a user's files stay refused."""
+    f = tmp_path / "x.json"
+    for users in ({"probe": "acc", "mine": 1}, {"row": 1, "results": 2}, {"discoloop_plan_cache": 2},
+                  {"probe": "acc"}):
+        f.write_text(json.dumps(users))
+        with pytest.raises(ConfigError, match="no mark"):
+            owned(str(f), "probe.py" if "probe" in users else "eval_harness.py" if "row" in users else "plan cache", "json")
+    f.write_text(json.dumps({"row": "r", "results": {"t": {}}, "n_loop": None, "mean_loops": None, "exit": {}}))
+    assert owned(str(f), "eval_harness.py", "json") is True  # eval_harness.py's own result before the mark
+    with pytest.raises(ConfigError):  # ... but not probe.py's
+        owned(str(f), "probe.py", "json")
+    rows = tmp_path / "m.jsonl"
+    rows.write_text(json.dumps({"iter": 0, "time": 1}) + "\n")  # too little of a metrics row
+    with pytest.raises(ConfigError, match="no mark"):
+        owned(str(rows), "metrics", "metrics.jsonl")
+    png = tmp_path / "mine.png"  # a user's matplotlib figure of another size
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, _ = plt.subplots(figsize=(5, 5))
+    fig.savefig(png, dpi=100)
+    plt.close(fig)
+    with pytest.raises(ConfigError, match="figure mark"):
+        owned(str(png), "figure", "png")
+
+
+def test_one_gate_per_checkpoint_and_the_old_gate_still_opens(tiny_data, tmp_path_factory):
+    """The commit before wrote one exit_gate.pt per folder: it still opens beside ckpt.pt; today's gate is named after
+    its checkpoint, so training ckpt_<iter>.pt's gate replaces neither ckpt.pt's nor the old file."""
+    src = old_tree(tmp_path_factory, PRE_GATE_NAME)
+    out = tmp_path_factory.mktemp("gates") / "run"
+    ok(run(tiny_train_args(tiny_data, str(out), "--max_iters=4", "--eval_interval=2", "--keep_every=2",
+                           "--recurrence=loop"), cwd=src))
+    gate = ["exits.py", "gate", "--gate_tokens=300", "--gate_iters=10"]
+    ok(run([*gate, f"--ckpt={out}"], cwd=src))
+    old = (out / "exit_gate.pt").read_bytes()
+    assert "| gate " in ok(run(["exits.py", f"--ckpt={out}", "--exit_rule=gate", "--splits=test_id"])).stdout
+    ok(run([*gate, f"--ckpt={out / 'ckpt_2.pt'}"]))
+    ok(run([*gate, f"--ckpt={out}"]))
+    assert (out / "exit_gate.pt").read_bytes() == old
+    assert {"ckpt.exit_gate.pt", "ckpt_2.exit_gate.pt"} <= set(os.listdir(out))
+    g2 = torch.load(out / "ckpt_2.exit_gate.pt", weights_only=True)
+    assert g2["crc32"] != torch.load(out / "ckpt.exit_gate.pt", weights_only=True)["crc32"]
+    # a gate that carries the mark but not the gate's keys; a named pipe where the gate is
+    torch.save({MARK: "exit gate", "K": 2}, out / "ckpt.exit_gate.pt")
+    one_line(run(["exits.py", f"--ckpt={out}", "--exit_rule=gate"]), "lacks 'gate'", "ckpt.exit_gate.pt")
+    os.remove(out / "ckpt.exit_gate.pt")
+    os.mkfifo(out / "ckpt.exit_gate.pt")
+    one_line(run(["exits.py", f"--ckpt={out}", "--exit_rule=gate"], timeout=60), "is a named pipe")
+
+
+def doctored(tiny_run, dest, **args):
+    """tiny_run's checkpoint with model_args changed (a valid CRC: save_checkpoint writes it)."""
+    from checkpoint import save_checkpoint
+    ck = torch.load(os.path.join(tiny_run, "ckpt.pt"), weights_only=True)
+    ck = {k: v for k, v in ck.items() if k not in ("crc32", MARK)}
+    os.makedirs(dest, exist_ok=True)
+    shutil.copy(os.path.join(tiny_run, "config.json"), dest)
+    save_checkpoint({**ck, "model_args": {**ck["model_args"], **args}}, os.path.join(dest, "ckpt.pt"))
+    return str(dest)
+
+
+def test_sizes_are_checked_against_the_weights_before_building(tiny_run, tmp_path):
+    import time
+    from checkpoint import load_checkpoint
+    from common import CheckpointError
+    from inference import model_from_checkpoint
+    for args, blamed in (({"n_layer": 100000}, "n_layer=100000"), ({"recurrence": "none", "n_loop": 20000}, "n_loop=20000"),
+                         ({"vocab_size": 10 ** 6}, "vocab_size=1000000")):
+        ck = load_checkpoint(doctored(tiny_run, tmp_path / blamed, **args))
+        t = time.perf_counter()
+        with pytest.raises(CheckpointError, match="do not describe its weights") as e:
+            model_from_checkpoint(ck)
+        assert time.perf_counter() - t < 1 and blamed in str(e.value), str(e.value)
+    one_line(run(["sample.py", f"--ckpt={tmp_path / 'n_layer=100000'}", "--max_new_tokens=1"], timeout=120), "n_layer=100000")
+
+
+def test_compute_only_keys_are_the_machines(tiny_run, tmp_path, monkeypatch):
+    """A checkpoint trained with the fused kernel opens here, one note naming key and file; 'auto' checkpointing too."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    from inference import runnable_here
+    args = runnable_here({"phi_kernel": "fused", "activation_checkpointing": "auto", "n_layer": 1}, "x/ckpt.pt")
+    assert args == {"phi_kernel": "auto" if not torch.cuda.is_available() else "fused", "activation_checkpointing": "none",
+                    "n_layer": 1}
+    ck = doctored(tiny_run, tmp_path / "gpu", activation_checkpointing="auto")
+    r = ok(run(["probe.py", "acc", f"--ckpt={ck}", f"--json={tmp_path / 'a.json'}"]))
+    assert len([ln for ln in r.stderr.splitlines() if "activation_checkpointing='auto'" in ln and "gpu" in ln]) == 1
+
+
+def test_refusals_and_notes_of_this_turns_keys(tiny_data, tiny_run, tmp_path):
+    bench = ["bench.py", "step", "config/pretrain_tiny.py", "--vocab_size=64", "--steps=1", "--n_layer=1"]
+    same = tmp_path / "same.json"
+    one_line(run([*bench, f"--json={same}", f"--plan_cache={same}"]), "are one file")
+    one_line(run([*bench, "--optimizer=adamw", "--cuda_graph=True"]), "cuda_graph=True has no effect")
+    one_line(run(tiny_train_args(tiny_data, str(tmp_path / "l"), "--max_iters=1", "--recurrence=loop", "--n_loop=1",
+                                 "--loop_loss=0.5")), "loop_loss=0.5 has no effect", "n_loop > 1")
+    r = ok(run(tiny_train_args(tiny_data, str(tmp_path / "g"), "--max_iters=2", "--eval_interval=2",
+                               "--optimizer=adamw", "--cuda_graph=True", "--activation_checkpointing=auto")))
+    assert "note: cuda_graph=True on device 'cpu'" in r.stderr and "activation_checkpointing='auto' -> 'block'" in r.stdout
+    run_dir = tmp_path / "rows"  # a metrics row without 'time' (hand-made or cut): the table says '-'
+    shutil.copytree(tiny_run, run_dir)
+    rows = (run_dir / "metrics.jsonl").read_text().splitlines()
+    rows[-1] = json.dumps({k: v for k, v in json.loads(rows[-1]).items() if k != "time"})
+    (run_dir / "metrics.jsonl").write_text("\n".join(rows) + "\n")
+    ok(run(["probe.py", "plot", str(run_dir), f"--png={tmp_path / 'c.png'}"]))
