@@ -25,14 +25,14 @@ import time
 
 import torch
 
-import train_config
+from discoloop import train_config
 from kernels import topk_phi
-from memory import AUTO_ORDER, GB, GPUS, auto_note, device_bytes, format_plan, pick_checkpointing, plan
-from common import DTYPES, ERRORS, SYSTEM_CHECKS, ConfigError, autocast, die, owned, setup, table
-from measure import RowLog, cached_plan
+from discoloop.memory import AUTO_ORDER, GB, GPUS, auto_note, device_bytes, format_plan, pick_checkpointing, plan
+from discoloop.common import DTYPES, ERRORS, SYSTEM_CHECKS, ConfigError, autocast, die, owned, setup, table
+from discoloop.bench_log import RowLog, cached_plan
 from configurator import INT_GE0, INT_GE1, OUTPUT, check_inert, configure
 from model import GPT, RECURRENCES, GPTConfig
-from precision import resolve_dtype
+from discoloop.precision import resolve_dtype
 
 # the benchmarked shape: a CPU-sized, pretraining-like model (Ouro's sandwich norm, top-128 Phi); every other
 # model key (and any of these, on the command line) is GPTConfig's
@@ -255,7 +255,7 @@ def training_config(argv, name, doc, extra, checks, need_file=True, need_vocab=T
                                                  for k, (ok, where) in unused.items()}, stated)
         if need_vocab and not c["vocab_size"]:
             raise ConfigError("vocab_size=0 (the dataset's) is unknown without the data: set --vocab_size")
-        if c.get("json"):  # every such --json is a measure.RowLog: before any work, a pipe or a user's file is one line
+        if c.get("json"):  # every such --json is a bench_log.RowLog: before any work, a pipe or a user's file is one line
             owned(c["json"], "rows", "json", "extended")
         return c
     except (ConfigError, ValueError) as e:
@@ -480,9 +480,9 @@ def sample_main(argv):
     tokens/s, loops per token, blocks saved, tokens equal to the all-loop sample; with speculative_draft_loops and/or
     speculative_propose exact self-speculative decoding (speculative.py; each a row): the same, the share of proposals
     accepted and new tokens per full-depth verification (pipelined: per call)."""
-    from checkpoint import load_checkpoint  # here: only sample reads a run
-    from inference import EXIT_CHECKS, EXIT_KEYS, exit_option, model_from_checkpoint  # (the same)
-    from speculative import SPEC_CHECKS, SPEC_KEYS, generate, spec_option  # (the same)
+    from discoloop.checkpoint import load_checkpoint  # here: only sample reads a run
+    from discoloop.from_checkpoint import EXIT_CHECKS, EXIT_KEYS, exit_option, model_from_checkpoint  # (the same)
+    from discoloop.speculative import SPEC_CHECKS, SPEC_KEYS, generate, spec_option  # (the same)
     extra = {"new_tokens": 256,  # tokens to generate, after the prompt
              "prompt": 16,       # prompt length (random tokens)
              "ckpt": "",         # a run folder or checkpoint: its shape and weights instead of random ones
@@ -493,7 +493,7 @@ def sample_main(argv):
                         unused={k: (ok, "train.py (bench.py sample times fp32 eager decoding)") for k, ok in
                                 (("dtype", lambda c: c["dtype"] == "float32"), ("compile", lambda c: not c["compile"]))},
                         need_vocab=not any(a.startswith("--ckpt=") and len(a) > 7 for a in argv),  # a run has its own
-                        files=[sys.modules[m].__file__ for m in ("inference", "speculative")])  # their keys' comments
+                        files=[sys.modules[m].__file__ for m in ("discoloop.from_checkpoint", "discoloop.speculative")])  # their keys' comments
     try:
         device = setup(c["device"], c["threads"])
         if c["ckpt"]:

@@ -23,8 +23,8 @@ import math
 import os
 import sys
 
-from common import ConfigError
-from compat import RENAMED, retire
+from discoloop.common import ConfigError
+from discoloop.compat import RENAMED, retire
 
 
 def _closest(key, allowed):

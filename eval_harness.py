@@ -26,18 +26,18 @@ from lm_eval.api.registry import register_model
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from tqdm import tqdm
 
-from common import autocast, resolve_device, table
-import inference
-from checkpoint import load_checkpoint
-from inference import (EXIT_CHECKS, EXIT_KEYS, beside_checkpoint, checkpoint_tokenizer, exit_option, folder_tokenizer,
+from discoloop.common import autocast, resolve_device, table
+from discoloop import from_checkpoint
+from discoloop.checkpoint import load_checkpoint
+from discoloop.from_checkpoint import (EXIT_CHECKS, EXIT_KEYS, beside_checkpoint, checkpoint_tokenizer, exit_option, folder_tokenizer,
                        model_from_checkpoint, trained_on_tokens)
 from model import Exit
-from common import ERRORS, SYSTEM_CHECKS, CheckpointError, ConfigError, atomic_write, die, marked, owned
+from discoloop.common import ERRORS, SYSTEM_CHECKS, CheckpointError, ConfigError, atomic_write, die, marked, owned
 from configurator import INT_GE0, INT_GE1, OUTPUT, configure
-from precision import resolve_dtype
-from pretrained import from_pretrained, hf_folder, pretrained_architecture
-import speculative
-from speculative import SPEC_CHECKS, SPEC_KEYS, spec_option
+from discoloop.precision import resolve_dtype
+from discoloop.pretrained import from_pretrained, hf_folder, pretrained_architecture
+from discoloop import speculative
+from discoloop.speculative import SPEC_CHECKS, SPEC_KEYS, spec_option
 
 TABLE2 = ["arc_challenge", "arc_easy", "hellaswag", "lambada_openai", "piqa", "race", "sciq"]
 
@@ -286,7 +286,7 @@ def main(argv):
         except (*ERRORS, ValueError) as e:  # our model's one-line errors (bad device, checkpoint, ...)
             die(e)
     try:
-        c = configure(DEFAULTS, argv, __doc__, [__file__, inference.__file__, speculative.__file__], CHECKS)  # keys' comments
+        c = configure(DEFAULTS, argv, __doc__, [__file__, from_checkpoint.__file__, speculative.__file__], CHECKS)  # keys' comments
         if not c["ckpt"]:
             raise ConfigError("--ckpt=PATH is required (a checkpoint file or run folder)")
         path = c["json"] or beside_checkpoint(c["ckpt"], "eval_harness.json")  # decided before the evaluation

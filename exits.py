@@ -11,7 +11,7 @@ A question-answer checkpoint (symbolic, nl) is measured per split: accuracy, loo
 at; a pretraining run on the first --windows windows of its val shards: loss, loops per token, and how often a token's
 top-1 is not loop K's. Tables are printed and JSON written (--json=PATH, default OUT_DIR/exits.json).
 
-`gate` trains inference.ExitGate (n_embd + 4 parameters, one for every loop) on the frozen model, on its own training
+`gate` trains from_checkpoint.ExitGate (n_embd + 4 parameters, one for every loop) on the frozen model, on its own training
 data, with labels the model makes itself: 'agree' (loop k's top-1 is loop K's: CALM's consistency) or 'improve' (the
 next loop does not lower this token's loss: Ouro's second stage, its soft label). Its threshold is then calibrated on
 held-out data (the val splits; a pretraining run's last --calib_windows val windows, apart from the first ones measured)
@@ -28,15 +28,15 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-import plots
-from common import (ERRORS, FIGURE_METADATA, SYSTEM_CHECKS, CheckpointError, ConfigError, DataError, atomic_write,
+from discoloop import plots
+from discoloop.common import (ERRORS, FIGURE_METADATA, SYSTEM_CHECKS, CheckpointError, ConfigError, DataError, atomic_write,
                     autocast, die, marked, owned, setup, table)
 from configurator import INT_GE0, INT_GE1, OUTPUT, configure, num, one_of
-from inference import (ExitGate, beside_checkpoint, exit_option, gate_path, lead_pads, load, weights_crc)
+from discoloop.from_checkpoint import (ExitGate, beside_checkpoint, exit_option, gate_path, lead_pads, load, weights_crc)
 from model import Exit
-from precision import resolve_dtype
-from shards import TokenShards
-from tasks import accuracy
+from discoloop.precision import resolve_dtype
+from discoloop.shards import TokenShards
+from discoloop.qa_data import accuracy
 
 THRESHOLDS = "0.5,0.7,0.8,0.9,0.95,0.99"  # exit_thresholds='' ('gate': and its calibrated one)
 IMPROVE_SHARPNESS, IMPROVE_MARGIN = 50.0, 0.005  # Ouro's stage-2 label: continue = sigmoid(50 (L_k - L_k+1 - 0.005))

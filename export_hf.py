@@ -27,14 +27,14 @@ import sys
 
 import torch
 
-from checkpoint import load_checkpoint
-from inference import checkpoint_tokenizer, model_from_checkpoint
-from common import ERRORS, ConfigError, DataError, die, tmp_name
-from dataprep import replace_folder
+from discoloop.checkpoint import load_checkpoint
+from discoloop.from_checkpoint import checkpoint_tokenizer, model_from_checkpoint
+from discoloop.common import ERRORS, ConfigError, DataError, die, tmp_name
+from discoloop.prepare_tools import replace_folder
 from configurator import FOLDER, configure
-from datafolder import claim
+from discoloop.folder_owner import claim
 from model import GPTConfig
-from tokenizer import HFEncoding, WordVocab
+from discoloop.tokenizer import HFEncoding, WordVocab
 
 REPO = os.path.dirname(os.path.abspath(__file__))
 # model.py's imports of this repo, as the export folder (a package under transformers' module cache) needs it
@@ -108,7 +108,7 @@ EXPORT_FILES = {"config.json", "model.safetensors", "modeling_discoloop.py", "mo
 
 def check_out_dir(out_dir, overwrite):
     """Before any work: a folder that exists is replaced only when it is empty or provably an earlier export
-    (datafolder.claim: config.json says model_type 'discoloop') holding nothing an export does not write. A run
+    (folder_owner.claim: config.json says model_type 'discoloop') holding nothing an export does not write. A run
     folder, a dataset, a Hugging Face model, '.', a file, a path under a file: one line, and nothing is touched."""
     try:
         ours = claim(out_dir, "export_hf.py")
@@ -161,8 +161,9 @@ def write_export(ckpt_path, out_dir, tmp, use_ema, transformers_version, save_fi
         source = source.replace(old, new)
     with open(os.path.join(tmp, "model.py"), "w") as f:
         f.write(source)
-    for name in ("kernels.py", "muon.py", "modeling_discoloop.py"):
+    for name in ("kernels.py", "muon.py"):
         shutil.copy(os.path.join(REPO, name), tmp)
+    shutil.copy(os.path.join(REPO, "discoloop", "hf_modeling.py"), os.path.join(tmp, "modeling_discoloop.py"))
     cfg = model.config
     eos_id = enc.eot_token if eos is not None else None
     config = {f: getattr(cfg, f) for f in GPTConfig.defaults()} | {

@@ -191,7 +191,7 @@ CONTINUE_KEYS = ("block_size", "n_prelude", "n_coda", "recurrence", "n_loop", "d
                  "loop_loss_weights", "loss_chunk", "activation_checkpointing")
 ARCH_KEYS = tuple(k for k in GPTConfig.defaults() if k not in CONTINUE_KEYS)
 # Keys that decide how the numbers are computed, never a weight (equal results: tests/test_phi.py, test_checkpointing.py):
-# where a checkpoint is opened (inference.model_from_checkpoint) a value this machine cannot run is read as the
+# where a checkpoint is opened (from_checkpoint.model_from_checkpoint) a value this machine cannot run is read as the
 # default, one note each. key -> (default, whether this machine runs the value)
 COMPUTE_KEYS = {"phi_kernel": ("auto", lambda v: v != "fused" or torch.cuda.is_available()
                                or os.environ.get("TRITON_INTERPRET") == "1"),  # a Triton kernel: CUDA or its interpreter
@@ -357,7 +357,7 @@ class GPT(nn.Module):
     def from_pretrained(cls, folder, override_args=None, **overrides):
         """nanoGPT's entry point for a forker: a Hugging Face GPT-2/Llama/Qwen2 folder as a GPT through the project's
         pretrained.py, imported at call time, by name (model.py copied alone imports and runs without it)."""
-        pretrained = importlib.import_module("pretrained")  # the house's one stated arrow up (tests/test_house.py)
+        pretrained = importlib.import_module("discoloop.pretrained")  # the house's one stated arrow up (tests/test_house.py)
         return pretrained.from_pretrained(folder, **(override_args or {}), **overrides)
 
     def __init__(self, config):
@@ -509,7 +509,7 @@ class GPT(nn.Module):
             loop: h). A return value other than None replaces h_next: how probes read every loop and apply Eq. (2).
         sparse_targets: one target per question (QA data): the head and loss run on the rows that have one.
         loops: optional (B,) loop counts 1..n_loop: row b is read after loop loops[b] (train.py's loops_by_hops).
-            Not checked here (a host sync): the caller's data is (dataloader.check_with_data).
+            Not checked here (a host sync): the caller's data is (dataset.check_with_data).
         """
         cfg, early = self.config, []  # loop_loss: the states of the loops before the last, each read by the head
         last = n_loop or cfg.n_loop
@@ -745,7 +745,7 @@ class Exit:
     threshold: float = 0.9
     min_loops: int = 1  # no exit before this many loops
     loops: list = None  # each forward appends its (B, T) exit loops (blocks run: these x the looped layers)
-    score: object = None  # "gate": a learned exit's callable (h, p, p_k-1 or None) -> (B, T) in 0..1 (inference.py's)
+    score: object = None  # "gate": a learned exit's callable (h, p, p_k-1 or None) -> (B, T) in 0..1 (from_checkpoint.py's)
 
     def __post_init__(self):
         self.loops = []

@@ -20,14 +20,14 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from inference import beside_checkpoint, lead_pads, load
-import plots
-from common import (ERRORS, FIGURE_METADATA, SYSTEM_CHECKS, CheckpointError, ConfigError, DataError, atomic_write, autocast,
+from discoloop.from_checkpoint import beside_checkpoint, lead_pads, load
+from discoloop import plots
+from discoloop.common import (ERRORS, FIGURE_METADATA, SYSTEM_CHECKS, CheckpointError, ConfigError, DataError, atomic_write, autocast,
                     die, marked, owned, setup, table)
 from configurator import INT_GE1, OUTPUT, configure, num, one_of
-from precision import resolve_dtype
-from runlog import STOP_METRIC_CHECK
-from tasks import accuracy
+from discoloop.precision import resolve_dtype
+from discoloop.runlog import STOP_METRIC_CHECK
+from discoloop.qa_data import accuracy
 
 BRIDGE_POS = 1
 NORMS = ("rms", "unit", "none")

@@ -14,14 +14,14 @@ import sys
 
 import torch
 
-import inference
-import speculative
-from checkpoint import load_checkpoint
-from inference import EXIT_CHECKS, EXIT_KEYS, checkpoint_tokenizer, exit_option, model_from_checkpoint
-from common import ERRORS, SYSTEM_CHECKS, ConfigError, autocast, die, setup
+from discoloop import from_checkpoint
+from discoloop import speculative
+from discoloop.checkpoint import load_checkpoint
+from discoloop.from_checkpoint import EXIT_CHECKS, EXIT_KEYS, checkpoint_tokenizer, exit_option, model_from_checkpoint
+from discoloop.common import ERRORS, SYSTEM_CHECKS, ConfigError, autocast, die, setup
 from configurator import INT_GE0, INT_GE1, check_inert, configure, num
-from precision import resolve_dtype
-from speculative import SPEC_CHECKS, SPEC_KEYS, spec_option
+from discoloop.precision import resolve_dtype
+from discoloop.speculative import SPEC_CHECKS, SPEC_KEYS, spec_option
 
 DEFAULTS = dict(
     ckpt="",             # checkpoint file or run folder
@@ -65,7 +65,7 @@ def read_prompt(start):
 def main(argv):
     try:
         stated = {}
-        c = configure(DEFAULTS, argv, __doc__, [__file__, inference.__file__, speculative.__file__], CHECKS, stated)
+        c = configure(DEFAULTS, argv, __doc__, [__file__, from_checkpoint.__file__, speculative.__file__], CHECKS, stated)
         check_inert(c, DEFAULTS, ACTIVE, stated)
         if not c["ckpt"]:
             raise ConfigError("--ckpt=PATH is required (a checkpoint file or run folder)")

@@ -24,19 +24,19 @@ from torch.distributed import destroy_process_group, init_process_group
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
-import train_config
-from checkpoint import (earlier_work, keep_copy, load_branch, load_branch_weights, load_for_resume, restore_training,
+from discoloop import train_config
+from discoloop.checkpoint import (earlier_work, keep_copy, load_branch, load_branch_weights, load_for_resume, restore_training,
                         resume_architecture, save_checkpoint)
-from common import (DTYPES, ERRORS, any_rank, autocast, die, out_of_memory, rank0_decides, resolve_device,
+from discoloop.common import (DTYPES, ERRORS, any_rank, autocast, die, out_of_memory, rank0_decides, resolve_device,
                     stop_on_signals)
 from configurator import configure
-from curriculum import rule_metrics
-from dataloader import check_with_data, open_data, prepare_weights
-from memory import check_fits, device_bytes
+from discoloop.curriculum import rule_metrics
+from discoloop.dataset import check_with_data, open_data, prepare_weights
+from discoloop.memory import check_fits, device_bytes
 from model import GPT, GPTConfig
-from precision import decide_dtype
-from runlog import RunLog, open_run_folder
-from tokenizer import data_tokenizer, record
+from discoloop.precision import decide_dtype
+from discoloop.runlog import RunLog, open_run_folder
+from discoloop.tokenizer import data_tokenizer, record
 
 # -----------------------------------------------------------------------------
 # every key, its default and its meaning: train_config.py (GPTConfig's model keys, then the training keys)
@@ -107,7 +107,7 @@ sparse = data.sparse_targets  # QA: one answer token per question, the head runs
 vocab_size = config["vocab_size"] = vocab_size or data.vocab_size
 
 # -----------------------------------------------------------------------------
-# the run folder: train.py's own (datafolder.claim), one run at a time; a resume continues what its checkpoint trained
+# the run folder: train.py's own (folder_owner.claim), one run at a time; a resume continues what its checkpoint trained
 try:  # fail now, not at the first checkpoint; a second run on out_dir stops here, naming the holder
     run_lock = open_run_folder(out_dir, lock=master)
     earlier = earlier_work(out_dir, eval_only)  # an earlier run's checkpoints and metrics, each with the mark
@@ -339,7 +339,7 @@ def step_failed(e, compiled_once):
 
 step = train_step
 if cuda_graph:
-    from stepgraph import StepGraph  # loaded only by the runs that ask for a graph
+    from discoloop.stepgraph import StepGraph  # loaded only by the runs that ask for a graph
     try:  # where a graph cannot hold the step (DDP, float16, no capturable optimizer): one line, exit 2
         step = StepGraph(train_step, optimizers, raw_model, device, ddp, dtype)
     except ERRORS as e:

@@ -8,9 +8,9 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from checkpoint import load_checkpoint  # noqa: E402
-from inference import model_from_checkpoint  # noqa: E402
-from shards import TokenShards  # noqa: E402
+from discoloop.checkpoint import load_checkpoint  # noqa: E402
+from discoloop.from_checkpoint import model_from_checkpoint  # noqa: E402
+from discoloop.shards import TokenShards  # noqa: E402
 
 torch.set_num_threads(1)
 for run in sys.argv[1:]:

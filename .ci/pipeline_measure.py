@@ -23,10 +23,10 @@ import time
 import torch
 
 sys.path.insert(0, ".")
-from checkpoint import load_checkpoint  # noqa: E402
-from inference import model_from_checkpoint  # noqa: E402
-import speculative  # noqa: E402
-from speculative import Lane, Lanes, Pipeline, Speculative, rows_at  # noqa: E402
+from discoloop.checkpoint import load_checkpoint  # noqa: E402
+from discoloop.from_checkpoint import model_from_checkpoint  # noqa: E402
+from discoloop import speculative  # noqa: E402
+from discoloop.speculative import Lane, Lanes, Pipeline, Speculative, rows_at  # noqa: E402
 
 args = [a for a in sys.argv[1:] if not a.startswith("--")]
 opts = dict(a[2:].split("=") for a in sys.argv[1:] if a.startswith("--"))

@@ -9,7 +9,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 
 
 from bench import training_config  # noqa: E402
-from common import die  # noqa: E402
+from discoloop.common import die  # noqa: E402
 from configurator import INT_GE1  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 

@@ -12,7 +12,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 import torch  # noqa: E402
 
 from bench import timed, training_config  # noqa: E402
-from common import ConfigError, die, setup, table  # noqa: E402
+from discoloop.common import ConfigError, die, setup, table  # noqa: E402
 from configurator import INT_GE1  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 

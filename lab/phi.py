@@ -20,11 +20,11 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from bench import PHASE, round_robin, stop_on_signals, timed, training_config  # noqa: E402
-from common import ConfigError, autocast, die, setup  # noqa: E402
-from measure import RowLog  # noqa: E402
+from discoloop.common import ConfigError, autocast, die, setup  # noqa: E402
+from discoloop.bench_log import RowLog  # noqa: E402
 from configurator import INT_GE0, INT_GE1  # noqa: E402
 from kernels import PHI_KERNELS, TopkPhi, csr_grads, sorted_topk, upcast  # noqa: E402
-from precision import resolve_dtype  # noqa: E402
+from discoloop.precision import resolve_dtype  # noqa: E402
 
 
 def unsorted_topk(logits, k):

@@ -15,10 +15,10 @@ import torch.nn.functional as F  # noqa: E402
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 
 from bench import stop_on_signals, timed, training_config  # noqa: E402
-from common import DTYPES, ConfigError, die, setup  # noqa: E402
-from measure import RowLog  # noqa: E402
+from discoloop.common import DTYPES, ConfigError, die, setup  # noqa: E402
+from discoloop.bench_log import RowLog  # noqa: E402
 from configurator import INT_GE0, INT_GE1, OUTPUT  # noqa: E402
-from precision import resolve_dtype  # noqa: E402
+from discoloop.precision import resolve_dtype  # noqa: E402
 
 BACKENDS = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
             "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}

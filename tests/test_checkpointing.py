@@ -10,9 +10,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from conftest import REPO, run, tiny_train_args
 from configurator import configure
-from memory import AUTO_MARGIN, AUTO_ORDER, check_fits, measure_step, pick_checkpointing, plan
+from discoloop.memory import AUTO_MARGIN, AUTO_ORDER, check_fits, measure_step, pick_checkpointing, plan
 from model import GPT, SDPA_OPS, GPTConfig
-from train_config import CHECKS, defaults as train_defaults
+from discoloop.train_config import CHECKS, defaults as train_defaults
 
 POLICIES = ("none", "block", "attn", "attn_mm")
 TINY = dict(block_size=16, vocab_size=37, n_layer=2, n_head=2, n_embd=16, n_loop=3)

@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 import torch
 
-from checkpoint import RESUME_KEYS, load_checkpoint
-from common import CheckpointError
-from common import DataError
+from discoloop.checkpoint import RESUME_KEYS, load_checkpoint
+from discoloop.common import CheckpointError
+from discoloop.common import DataError
 from conftest import run, tiny_train_args
-from precision import pick_cpu_dtype
+from discoloop.precision import pick_cpu_dtype
 
 SCRIPTS = [["train.py"], ["eval_harness.py"], ["bench.py"], ["bench.py", "plan"], ["lab/breaks.py"],
            ["lab/compile.py"], ["lab/phi.py"], ["lab/sdpa.py"],
@@ -128,7 +128,7 @@ def test_shard_problems_one_line(tmp_path, case, needle):
 def test_shard_vocabulary_scan_is_cached_per_file(tmp_path):
     """The full-token scan runs once per shard file: the cache is used while a file's size and
     mtime are unchanged, and a rewritten shard is scanned again."""
-    from shards import TokenShards
+    from discoloop.shards import TokenShards
     d = shards(tmp_path, list(np.arange(200) % 50))
     TokenShards(d, "train")
     cache = json.loads(open(f"{d}/max_token.json").read())
@@ -150,7 +150,7 @@ def test_shard_vocabulary_scan_is_cached_per_file(tmp_path):
 def test_a_damaged_scan_cache_is_made_again(tmp_path, capsys, content):
     """max_token.json holding a list, a bare number, a torn entry or half a file: one line, 'damaged: made again',
     the shards scanned again and the file rewritten (it was an AttributeError or a TypeError)."""
-    from shards import TokenShards
+    from discoloop.shards import TokenShards
     d = shards(tmp_path, list(np.arange(200) % 50))
     open(f"{d}/max_token.json", "w").write(content)
     TokenShards(d, "train")
@@ -228,9 +228,9 @@ def test_round5_a_file_key_made_inert_is_noted_and_recorded(tiny_data, tmp_path)
     ({"kind": "qa", "splits": {"train": {"file": "t.txt", "train": True}}, "vocab": ["a"], "config": []}, "config="),
 ])
 def test_meta_json_fields_are_read_checked(tmp_path, meta, needle):
-    """meta.json is read by one checked reader (datafolder.read_meta): a field of the wrong type or shape, or one
+    """meta.json is read by one checked reader (folder_owner.read_meta): a field of the wrong type or shape, or one
     missing, is one line naming the file and the field, never a KeyError or TypeError further on."""
-    from tasks import QAData
+    from discoloop.qa_data import QAData
     (tmp_path / "meta.json").write_text(json.dumps(meta))
     with pytest.raises(DataError, match="meta.json") as e:
         QAData(str(tmp_path))
@@ -240,7 +240,7 @@ def test_meta_json_fields_are_read_checked(tmp_path, meta, needle):
 def test_precision_is_one_decision_with_its_reason(tmp_path, monkeypatch):
     """precision.decide_dtype is train.py's one call: what was chosen and why, the model built (and timed) only where
     a CPU's 'auto' needs it, never for a given dtype, a resumed checkpoint's or a GPU's rule."""
-    from precision import decide_dtype
+    from discoloop.precision import decide_dtype
     monkeypatch.setenv("DISCOLOOP_DTYPE_CACHE", str(tmp_path / "c.json"))
     built = []
     make = lambda: built.append(1) or torch.nn.Linear(2, 2)
@@ -248,6 +248,6 @@ def test_precision_is_one_decision_with_its_reason(tmp_path, monkeypatch):
     assert decide_dtype("auto", "cpu", "bfloat16", make) == ("bfloat16", "the checkpoint's", {})
     assert decide_dtype("auto", "cpu", None, None) == ("float32", "", {})  # a DDP rank > 0: rank 0's answer follows
     assert not built
-    monkeypatch.setattr("precision.model_cpu_dtype", lambda m, x, y, a: ("float32", f"timed {type(m).__name__} {x}", {"float32": 1.0}))
+    monkeypatch.setattr("discoloop.precision.model_cpu_dtype", lambda m, x, y, a: ("float32", f"timed {type(m).__name__} {x}", {"float32": 1.0}))
     assert decide_dtype("auto", "cpu", None, make, lambda: ("X", "Y"), {}) == ("float32", "timed Linear X", {"float32": 1.0})
     assert built == [1]

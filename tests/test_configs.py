@@ -11,7 +11,7 @@ import torch
 from conftest import REPO
 from configurator import configure, merge
 from model import GPT, GPTConfig
-from train_config import CHECKS, defaults as train_defaults  # GPTConfig's model keys, then the training keys
+from discoloop.train_config import CHECKS, defaults as train_defaults  # GPTConfig's model keys, then the training keys
 
 CONFIGS = sorted(glob.glob(os.path.join(REPO, "config", "*.py")))
 DERIVE = re.compile(r"exec\(open\(sibling\('([\w.-]+)'\)\)\.read\(\)\)")  # the derive line, as ast.unparse writes it

@@ -1,7 +1,7 @@
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from common import ConfigError
+from discoloop.common import ConfigError
 from configurator import configure, parse_value
 
 DEFAULTS = {"batch_size": 64, "learning_rate": 3e-3, "compile": False, "device": "cpu", "recurrence": "disco"}
@@ -73,7 +73,7 @@ def test_renamed_keys_keep_loading(tmp_path):
     """disco_tau/topk/chunk are phi_* now (Phi drives PonderLM too): old command lines, config files and
     checkpoints load under the new names."""
     import torch
-    from checkpoint import load_checkpoint, save_checkpoint
+    from discoloop.checkpoint import load_checkpoint, save_checkpoint
     from configurator import configure
     from model import GPT, GPTConfig
     defaults = {"phi_topk": 0, "phi_tau": 1.0, "phi_chunk": 0}
@@ -82,7 +82,7 @@ def test_renamed_keys_keep_loading(tmp_path):
     c = configure(defaults, [str(cfg), "--disco_topk=4"])
     assert c == {"phi_topk": 4, "phi_tau": 0.5, "phi_chunk": 0}
     old_args = {"vocab_size": 40, "n_layer": 1, "n_head": 2, "n_embd": 16, "recurrence": "disco", "disco_topk": 3}
-    from compat import renamed  # old names are read where old files are (config files, checkpoints), not by model.py
+    from discoloop.compat import renamed  # old names are read where old files are (config files, checkpoints), not by model.py
     assert GPTConfig.from_dict(renamed(old_args)).phi_topk == 3
     path = str(tmp_path / "ckpt.pt")
     weights = GPT(GPTConfig.from_dict(renamed(old_args))).state_dict()
@@ -96,7 +96,7 @@ def test_renamed_keys_keep_loading(tmp_path):
 
 
 def _resolved(argv):
-    import train_config
+    from discoloop import train_config
     stated = {}
     c = configure(train_config.defaults(), argv, stated=stated)
     return c, train_config.check(c, stated)
@@ -133,7 +133,7 @@ def test_the_inert_rule_covers_keys_added_later():
     from configurator import inert
     from model import GPTConfig
     defaults = {**GPTConfig.defaults(), "phi_new_thing": 0, "compile_new": "x"}
-    import train_config
+    from discoloop import train_config
     active = {**GPTConfig.ACTIVE, **train_config.ACTIVE}
     config = {**defaults, **train_config.KEYS, "recurrence": "loop", "phi_new_thing": 3, "compile_new": "y"}
     assert set(inert(config, {**defaults, **train_config.KEYS}, active)) == {"phi_new_thing", "compile_new"}

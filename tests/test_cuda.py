@@ -135,7 +135,7 @@ def test_step_graph_replays_the_eager_step(sync, capsys):
     """StepGraph: WARMUP eager steps, one capture, replays reading each step's batch and learning rate (lrs that float32
     holds exactly); the losses and weights equal the plain eager loop's. A step with a host sync is one warning and
     runs eager, with the same numbers."""
-    from stepgraph import WARMUP, StepGraph
+    from discoloop.stepgraph import WARMUP, StepGraph
     torch.manual_seed(1)
     data = [[(torch.randn(8, 16, device="cuda"), torch.randint(0, 4, (8,), device="cuda")) for _ in range(2)]
             for _ in range(WARMUP + 5)]
@@ -159,7 +159,7 @@ def test_selective_checkpointing_on_cuda():
     """This GPU's attention op is one the selective policies keep (model.SDPA_OPS): "block" reruns it in backward,
     "attn" and "attn_mm" do not, under bf16 autocast (flash or cuDNN) and in fp32 (memory-efficient attention), with
     fp32 gradients equal to "block"'s; 'auto' against this GPU's memory picks "none" for a tiny config."""
-    from memory import check_fits, device_bytes
+    from discoloop.memory import check_fits, device_bytes
     from model import SDPA_OPS
     from test_checkpointing import TINY, backward_ops, make, small_config
     x, calls = torch.randint(0, 37, (2, 12), device="cuda"), TINY["n_layer"] * TINY["n_loop"]

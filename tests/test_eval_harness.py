@@ -208,7 +208,7 @@ def test_a_checkpoint_is_read_with_a_tokenizer_that_fits_it(ckpt, tmp_path):
     than its tokenizer has ids (vocab_size padding the data's) samples only ids the tokenizer can decode; a tokenizer
     with more ids than the model has rows, or a tokenizer record of a kind this code does not know, is one line
     naming what is wrong, not a KeyError or an IndexError in the embedding."""
-    from checkpoint import load_checkpoint, save_checkpoint
+    from discoloop.checkpoint import load_checkpoint, save_checkpoint
     from model import GPT, GPTConfig
 
     def variant(name, vocab_size=None, tokenizer=None):
@@ -238,7 +238,7 @@ def test_adaptive_depth_scores_and_generates(ckpt):
     """exit_rule: all exits after loop 1 score as n_loop=1; never, as the trained K; the mean depth is counted on the
     real tokens; generate_until runs through GPT.generate with the same exits; a bad threshold is one line."""
     from eval_harness import DiscoLoopLM
-    from common import ConfigError
+    from discoloop.common import ConfigError
     reqs = [Req(c, x) for c, x in PAIRS]
     for kw, same in (({"exit_threshold": 0.0}, {"n_loop": 1}), ({"exit_threshold": 1.0}, {})):
         lm = DiscoLoopLM(ckpt, batch_size=4, dtype="float32", **{"exit_rule": "prob", **kw})

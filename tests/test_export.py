@@ -16,7 +16,7 @@ from conftest import REPO, run, tiny_train_args
 
 transformers = pytest.importorskip("transformers")
 torch.set_num_threads(1)  # tiny models: a second thread only contends with the other test worker
-from checkpoint import save_checkpoint  # noqa: E402
+from discoloop.checkpoint import save_checkpoint  # noqa: E402
 from export_hf import check_tokenizer, export  # noqa: E402
 from export_hf import tiktoken_to_hf as tiktoken_to_tokenizer  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
@@ -126,9 +126,9 @@ def test_export_of_a_question_answer_run(tiny_data, tmp_path):
     r = run(tiny_train_args(tiny_data, out, "--max_iters=5", "--eval_interval=5"))
     assert r.returncode == 0, r.stderr
     folder = export(out, str(tmp_path / "hf"))
-    from checkpoint import load_checkpoint
-    from inference import model_from_checkpoint
-    from tasks import QAData
+    from discoloop.checkpoint import load_checkpoint
+    from discoloop.from_checkpoint import model_from_checkpoint
+    from discoloop.qa_data import QAData
     from transformers import AutoTokenizer
     X, _ = QAData(tiny_data).splits["test_ood"]
     ref = model_from_checkpoint(load_checkpoint(out)).eval()
@@ -223,7 +223,7 @@ def test_tiktoken_conversion_encodes_exactly_as_tiktoken():
     cl100k_base, GPT-2's split regex; random texts of mixed scripts must get identical ids."""
     import tiktoken
     import regex
-    from tokenizer import GPT2_PAT as pat
+    from discoloop.tokenizer import GPT2_PAT as pat
     ranks = {bytes([i]): i for i in range(256)}
     corpus = ("the theory of the thing that they threw there; " * 20 + "1234 12 123 ünïcödé ü 東京東京")
     for _ in range(60):  # BPE training: the most frequent adjacent pair inside a regex piece merges next
@@ -251,8 +251,8 @@ def test_check_tokenizer_can_fail():
     from tokenizers import Tokenizer
     from tokenizers.models import WordLevel
     from tokenizers.pre_tokenizers import WhitespaceSplit
-    from common import DataError
-    from tokenizer import WordVocab
+    from discoloop.common import DataError
+    from discoloop.tokenizer import WordVocab
     enc = WordVocab(["a", "b", "c"])
     tok = Tokenizer(WordLevel({"a": 0, "b": 2, "c": 1}, unk_token=None))
     tok.pre_tokenizer = WhitespaceSplit()

@@ -138,7 +138,7 @@ def test_two_prepares_of_one_folder_take_turns(tmp_path):
              for _ in range(3)]
     results = [p.communicate(timeout=300) for p in procs]
     assert all(p.returncode == 0 for p in procs), [e for _, e in results]
-    from tasks import QAData
+    from discoloop.qa_data import QAData
     assert QAData(out).vocab_size > 0  # complete and verified (checksums)
     assert not [n for n in os.listdir(tmp_path) if ".tmp-" in n]
 

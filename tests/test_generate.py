@@ -211,8 +211,8 @@ def test_generate_stops_on_the_stop_condition():
 ])
 def test_exit_options_that_could_not_act_are_one_line(rule, threshold, min_loops, n_loop, needle):
     """The hostile probes of the scripts' exit_* keys (sample.py, eval_harness, bench.py sample, exits.py)."""
-    from inference import exit_option
-    from common import ConfigError
+    from discoloop.from_checkpoint import exit_option
+    from discoloop.common import ConfigError
     from model import GPT, GPTConfig
     model = GPT(GPTConfig(vocab_size=16, n_layer=1, n_head=2, n_embd=8, block_size=8, recurrence="disco", n_loop=4))
     with pytest.raises(ConfigError, match=re.escape(needle)):

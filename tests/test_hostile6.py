@@ -15,7 +15,7 @@ import torch
 
 from conftest import REPO, one_line, run, tiny_train_args
 
-from common import FIGURE_METADATA, MARK, ConfigError, DataError, owned
+from discoloop.common import FIGURE_METADATA, MARK, ConfigError, DataError, owned
 
 
 
@@ -39,8 +39,8 @@ def test_overwrite_keeps_a_users_metrics_jsonl(tiny_data, tmp_path):
 def test_the_mark_says_what_wrote_a_file(tmp_path):
     """owned() accepts any mark for any kind: a row log (bench.py step --json) was appended to bench.py's own plan
     cache (one JSON line), which then no longer reads; a probe's result was read and rewritten as a plan cache."""
-    import train_config
-    from measure import RowLog, cached_plan, read_plan_cache
+    from discoloop import train_config
+    from discoloop.bench_log import RowLog, cached_plan, read_plan_cache
     cache = tmp_path / "plan.json"
     c = {**train_config.defaults(), "vocab_size": 64, "n_embd": 32, "n_head": 2, "n_layer": 1, "block_size": 16,
          "batch_size": 2, "phi_topk": 8, "activation_checkpointing": "none", "plan_cache": str(cache)}
@@ -147,7 +147,7 @@ def test_a_dangling_json_link_keeps_the_link(tiny_run, tmp_path):
 def test_meta_json_hops_names_the_split(tiny_data, tmp_path):
     """'hops' >= 1 is checked (regressions first), but the line names the field 'splits' and shows the first 60
     characters of the whole object (a valid split's), not which split's 'hops' is wrong."""
-    from datafolder import read_meta
+    from discoloop.folder_owner import read_meta
     d = tmp_path / "data"
     shutil.copytree(tiny_data, d)
     meta = json.loads((d / "meta.json").read_text())
@@ -180,7 +180,7 @@ def test_a_data_args_typo_is_named(tmp_path):
 def test_pretrained_positions_count_in_the_size_check(tmp_path):
     """check_fits counts weights, not the positions: max_position_embeddings=10**11 passed, and the rope table of
     that many rows ended as 'out of memory ...: lower batch_size' (common's hook), naming neither file nor field."""
-    from pretrained import pretrained_architecture
+    from discoloop.pretrained import pretrained_architecture
     folder = tmp_path / "hf"
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps({
@@ -224,7 +224,7 @@ def test_eval_only_is_not_refused_for_a_file_it_never_touches(tiny_data, tiny_ru
 
 def test_a_checkpoints_bad_value_names_the_file(tiny_run, tmp_path):
     """'checkpoint model config is invalid: phi_kernel=5 ...' named neither the checkpoint nor where the value is."""
-    from checkpoint import content_crc
+    from discoloop.checkpoint import content_crc
     ck = torch.load(os.path.join(tiny_run, "ckpt.pt"), weights_only=True)
     ck.pop("crc32")
     ck["model_args"]["phi_kernel"] = 5
@@ -268,8 +268,8 @@ def test_a_large_pdf_the_project_drew_is_its_own(tmp_path):
 def test_owned_follows_links_and_names_before_deciding(tmp_path):
     """A link to a user's file or to a pipe is judged by its target; earlier_work refuses a folder named ckpt_3.pt
     and a user's ckpt_<unicode digit>.pt (str.isdigit) in one line, deleting nothing."""
-    from checkpoint import earlier_work
-    from common import CheckpointError
+    from discoloop.checkpoint import earlier_work
+    from discoloop.common import CheckpointError
     (tmp_path / "notes.txt").write_text("mine")
     os.symlink(tmp_path / "notes.txt", tmp_path / "link.json")
     with pytest.raises(ConfigError, match="not JSON"):
@@ -302,7 +302,7 @@ def test_first_reached_fails_loudly_on_what_it_can_see(tmp_path):
 def test_a_retired_kernel_is_one_note_in_the_other_readers(tiny_data, tmp_path):
     """Beside probe.py and sample.py (tests/test_round6.py): exits.py and bench.py sample --ckpt open a checkpoint
     recorded with phi_kernel='dense' with exactly one note each."""
-    from checkpoint import content_crc
+    from discoloop.checkpoint import content_crc
     out = tmp_path / "run"
     r = run(tiny_train_args(tiny_data, str(out), "--max_iters=2", "--eval_interval=2", "--recurrence=disco",
                             "--phi_topk=4"))

@@ -98,7 +98,7 @@ def test_function_level_project_imports_say_why():
     for m, path in PROJECT.items():
         lines = open(path).read().splitlines()
         for name, lineno, top in imports(path):
-            if not top and not name.startswith("data."):  # data.<name>.prepare: the dataset dispatch (dataloader.py)
+            if not top and not name.startswith("data."):  # data.<name>.prepare: the dataset dispatch (dataset.py)
                 assert "#" in lines[lineno - 1], f"{m}.py:{lineno} imports {name} inside a function without saying why"
 
 
@@ -120,7 +120,7 @@ def test_no_function_over_sixty_lines():
 LINE_BUDGETS = {"model.py": 751,
                 "train.py": 430, "README.md": 200, "kernels.py": 200, "bench.py": 553}
 # Lines of project code a training run loads, counted as it runs (`python train.py config/symbolic.py`: the dataset
-# dispatch imports data/symbolic/prepare.py, which imports dataprep.py, by name at run time): raising it is a decision.
+# dispatch imports data/symbolic/prepare.py, which imports prepare_tools.py, by name at run time): raising it is a decision.
 # Issue 63 measured 4,488 at 082ca7f; since then a run from scratch or a resume loads no Hugging Face converter
 # (pretrained.py: only a branch from a folder imports it), which pays for ownership by a mark and the new policies
 # 4488 -> 4551 (issue 66): model.py written out without packing and with its one loop step (+91, LINE_BUDGETS)
@@ -146,7 +146,7 @@ def test_train_import_closure_budget(tiny_data, tmp_path):
     line = [x for x in r.stderr.splitlines() if x.startswith("CLOSURE ")]
     assert r.returncode == 0 and line, r.stderr[-2000:]
     files = ast.literal_eval(line[0][len("CLOSURE "):])
-    assert {"train.py", "model.py", "data/symbolic/prepare.py", "dataprep.py"} <= set(files), files  # it counts these
+    assert {"train.py", "model.py", "data/symbolic/prepare.py", "prepare_tools.py"} <= set(files), files  # it counts these
     lines = sum(len(open(os.path.join(REPO, f)).read().splitlines()) for f in files)
     assert lines <= TRAIN_CLOSURE_BUDGET, f"a training run loads {lines} lines of project code over {files}"
 
@@ -159,7 +159,7 @@ def test_line_budgets():
 
 def test_the_key_file_is_only_keys_and_train_stands_on_five_floors():
     """train_config.py (the keys) imports neither the Hugging Face loader nor the tokenizer (the data checks live in
-    dataloader.py, beside open_data); the longest chain of project imports under train.py is five modules. phi_triton.py
+    dataset.py, beside open_data); the longest chain of project imports under train.py is five modules. phi_triton.py
     (the fused Phi kernel's Triton code, imported inside the one function that runs it, importing nothing of ours) hangs
     below kernels.py as a leaf, not a floor."""
     g = graph()

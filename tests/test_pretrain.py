@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from conftest import REPO, run
-import tokenizer  # noqa: E402
+from discoloop import tokenizer  # noqa: E402
 
 spec = importlib.util.spec_from_file_location("prep_pt", os.path.join(REPO, "data/pretrain/prepare.py"))
 prep = importlib.util.module_from_spec(spec)
@@ -174,7 +174,7 @@ def test_pretrain_resume(tiny_shards, tmp_path):
 
 def test_training_windows_without_replacement():
     """One pass visits every window once, in a seeded order; the next pass draws a new order."""
-    from shards import WindowOrder
+    from discoloop.shards import WindowOrder
     order = WindowOrder(np.array([1000, 257, 64]), 64, seed=3)
     assert order.total == 15 + 4 + 0
     shard, start = order(np.arange(order.total))

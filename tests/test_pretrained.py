@@ -10,8 +10,8 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from common import ConfigError, DataError  # noqa: E402
-from pretrained import from_pretrained  # noqa: E402
+from discoloop.common import ConfigError, DataError  # noqa: E402
+from discoloop.pretrained import from_pretrained  # noqa: E402
 
 V, T = 61, 12
 
@@ -245,7 +245,7 @@ def test_the_folder_decides_its_architecture():
     """Every GPTConfig key is either the architecture (the folder's: each converter gives exactly those) or a key a
     continuation may set, listed once; a new model key must be put in one of the two."""
     from model import GPTConfig
-    from pretrained import ARCH_KEYS, CONTINUE_KEYS, PRETRAINED
+    from discoloop.pretrained import ARCH_KEYS, CONTINUE_KEYS, PRETRAINED
     assert set(CONTINUE_KEYS) <= set(GPTConfig.defaults()) and len(set(CONTINUE_KEYS)) == len(CONTINUE_KEYS)
     assert set(ARCH_KEYS) | set(CONTINUE_KEYS) == set(GPTConfig.defaults()) and "sandwich_norm" in ARCH_KEYS
     hf = {"vocab_size": V, "n_positions": 32, "n_layer": 2, "n_head": 4, "n_embd": 32, "max_position_embeddings": 64,
@@ -264,9 +264,9 @@ def test_smollm2_configs_agree_with_their_folders(tmp_path, name, folder_config)
     """config/smollm2*_continue.py state their folder's architecture (so that bench.py plans them without weights):
     what they state is what the folder says (the 135M folder, converted from GGUF's float32 metadata, says
     rms_norm_eps 9.999999747378752e-06: read as the 1e-05 it stands for), so train.py does not refuse them."""
-    import train_config
+    from discoloop import train_config
     from configurator import configure
-    from pretrained import pretrained_architecture
+    from discoloop.pretrained import pretrained_architecture
     (tmp_path / "config.json").write_text(json.dumps({
         "model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": 49152, "hidden_act": "silu",
         "max_position_embeddings": 8192, "tie_word_embeddings": True, **folder_config}))
@@ -308,7 +308,7 @@ def test_train_continues_a_pretrained_folder_as_disco_and_resumes(tmp_path):
     cfg = json.load(open(os.path.join(out, "config.json")))
     assert cfg["n_kv_head"] == 2 and cfg["n_embd"] == 32 and cfg["tie_embeddings"] is True and cfg["recurrence"] == "disco"
     assert cfg["init_kind"] == "Hugging Face llama" and "transformer.ln_inj.weight" in cfg["init_fresh"]
-    from checkpoint import load_checkpoint
+    from discoloop.checkpoint import load_checkpoint
     assert load_checkpoint(out)["model_args"]["rope_theta"] == from_pretrained(folder).config.rope_theta == 5000.0
     r = run(args + ["--init_from=resume", "--max_iters=4"])
     assert r.returncode == 0, r.stderr[-2000:]
@@ -393,7 +393,7 @@ def test_nanogpt_entry_point_and_library_errors(tmp_path):
     imports, and the call is one clear ImportError there; every error of the library is a ValueError."""
     import subprocess
     import sys
-    from common import ERRORS
+    from discoloop.common import ERRORS
     from conftest import REPO
     from model import GPT
     _, folder = saved("llama", tmp_path)
@@ -413,4 +413,4 @@ def test_nanogpt_entry_point_and_library_errors(tmp_path):
     code = "from model import GPT\ntry:\n    GPT.from_pretrained('x')\nexcept ImportError as e:\n    print(e)"
     r = subprocess.run([sys.executable, "-c", code], cwd=alone, capture_output=True, text=True, timeout=120,
                        env={**os.environ, "PYTHONPATH": ""})
-    assert r.returncode == 0 and "No module named 'pretrained'" in r.stdout, r.stderr[-2000:]
+    assert r.returncode == 0 and "No module named 'discoloop'" in r.stdout, r.stderr[-2000:]

@@ -36,7 +36,7 @@ def test_acc_table_every_loop_count(tiny_ckpts, tiny_data):
     assert res["2"]["test_id"] == pytest.approx(last["acc/test_id"], abs=1e-4)
     assert res["1"]["train_atom"] == pytest.approx(last["acc1/train_atom"], abs=1e-4)
     from probe import atom_graphs
-    from tasks import QAData
+    from discoloop.qa_data import QAData
     graphs = atom_graphs(QAData(tiny_data))
     n_a, n_b = graphs.count("A"), graphs.count("B")
     assert n_a > 0 and n_b > 0 and n_a + n_b == len(graphs)
@@ -47,7 +47,7 @@ def test_acc_table_every_loop_count(tiny_ckpts, tiny_data):
 def test_atom_graphs_follow_the_facts(tiny_data):
     """Each atom's subject is placed in its graph, and a fact never leaves its graph."""
     from probe import atom_graphs
-    from tasks import QAData
+    from discoloop.qa_data import QAData
     data = QAData(tiny_data)
     ents = data.meta["entities"]
     X, Y = data.splits["train_atom"]
@@ -148,7 +148,7 @@ def test_bridge_chain_follows_the_atoms(tiny_data):
     import sys
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     from probe import bridges
-    from tasks import QAData
+    from discoloop.qa_data import QAData
     data = QAData(tiny_data)
     for s, info in data.meta["splits"].items():
         if info["hops"] >= 2:
@@ -163,7 +163,7 @@ def test_padded_data_reads_the_same_questions_and_probes(tiny_data, tmp_path_fac
     loops_by_hops run on padded data trains and probes end to end."""
     from conftest import TINY_DATA, prepared
     from probe import bridges, examples
-    from tasks import QAData
+    from discoloop.qa_data import QAData
     padded_dir = prepared(tmp_path_factory, "data/symbolic/prepare.py", TINY_DATA + ["--pad_left=2"])
     plain, padded = QAData(tiny_data), QAData(padded_dir)
     assert padded.meta["config"]["pad_left"] == 2

@@ -62,7 +62,7 @@ def test_resume_may_change_the_budget_and_config_json_records_it(trained, tiny_d
 
 
 def test_flipped_bytes_in_tensor_data_are_found(trained, tmp_path):
-    from checkpoint import CheckpointError, load_checkpoint
+    from discoloop.checkpoint import CheckpointError, load_checkpoint
     path = str(tmp_path / "ckpt.pt")
     blob = bytearray(open(os.path.join(trained, "ckpt.pt"), "rb").read())
     ck = torch.load(os.path.join(trained, "ckpt.pt"), weights_only=True)
@@ -79,7 +79,7 @@ def test_flipped_bytes_in_tensor_data_are_found(trained, tmp_path):
 
 def test_checkpoint_without_optimizer_state_is_refused(trained, tiny_data, tmp_path):
     import shutil
-    from checkpoint import save_checkpoint
+    from discoloop.checkpoint import save_checkpoint
     out = str(tmp_path / "noopt")
     shutil.copytree(trained, out)
     ck = torch.load(os.path.join(out, "ckpt.pt"), weights_only=True)
@@ -114,7 +114,7 @@ def test_a_checkpoint_holding_nonfinite_optimizer_state_is_named(trained, tiny_d
     """Weights finite, AdamW's second moment inf: the resume stops at once and blames the file itself (it never
     calls that file "the last good checkpoint"); our own saves are checked, weights and optimizer state alike."""
     import shutil
-    from checkpoint import save_checkpoint
+    from discoloop.checkpoint import save_checkpoint
     out = str(tmp_path / "inf")
     shutil.copytree(trained, out)
     ck = torch.load(os.path.join(out, "ckpt.pt"), weights_only=True)

@@ -11,7 +11,7 @@ import torch
 
 from conftest import REPO, one_line, run, tiny_train_args
 
-from common import MARK, ConfigError, owned
+from discoloop.common import MARK, ConfigError, owned
 
 
 
@@ -91,9 +91,9 @@ def test_plot_default_figure_is_not_a_users_file(tiny_run, tmp_path):
 
 
 def test_an_absurd_pretrained_folder_is_one_line_before_building(tmp_path):
-    from pretrained import pretrained_architecture
-    from common import weights_fit
-    from common import DataError
+    from discoloop.pretrained import pretrained_architecture
+    from discoloop.common import weights_fit
+    from discoloop.common import DataError
     folder = tmp_path / "hf"
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps({
@@ -119,7 +119,7 @@ def test_a_checkpoint_with_a_retired_kernel_opens_with_one_note(tiny_data, tmp_p
     r = run(tiny_train_args(tiny_data, str(out), "--max_iters=2", "--eval_interval=2", "--recurrence=disco",
                             "--phi_topk=4"))
     assert r.returncode == 0, r.stderr[-2000:]
-    from checkpoint import content_crc, load_checkpoint
+    from discoloop.checkpoint import content_crc, load_checkpoint
     ck = torch.load(out / "ckpt.pt", weights_only=True)
     for key in ("model_args", "config"):  # as a commit before the kernel moved to lab/phi.py wrote it
         ck[key]["phi_kernel"] = "dense"

@@ -12,7 +12,7 @@ import torch
 
 from conftest import REPO, TINY_DATA, TINY_DATA_ARGS, TINY_MODEL, one_line, run, tiny_train_args
 
-from common import MARK, ConfigError, owned
+from discoloop.common import MARK, ConfigError, owned
 
 PRE_MARK = "082ca7f"  # the last commit before files carried the mark (ce527c9 "ownership by a mark")
 PRE_GATE_NAME = "8967c81"  # the last commit with one exit_gate.pt per folder
@@ -130,7 +130,7 @@ def test_one_gate_per_checkpoint_and_the_old_gate_still_opens(tiny_data, tmp_pat
 
 def doctored(tiny_run, dest, **args):
     """tiny_run's checkpoint with model_args changed (a valid CRC: save_checkpoint writes it)."""
-    from checkpoint import save_checkpoint
+    from discoloop.checkpoint import save_checkpoint
     ck = torch.load(os.path.join(tiny_run, "ckpt.pt"), weights_only=True)
     ck = {k: v for k, v in ck.items() if k not in ("crc32", MARK)}
     os.makedirs(dest, exist_ok=True)
@@ -141,9 +141,9 @@ def doctored(tiny_run, dest, **args):
 
 def test_sizes_are_checked_against_the_weights_before_building(tiny_run, tmp_path):
     import time
-    from checkpoint import load_checkpoint
-    from common import CheckpointError
-    from inference import model_from_checkpoint
+    from discoloop.checkpoint import load_checkpoint
+    from discoloop.common import CheckpointError
+    from discoloop.from_checkpoint import model_from_checkpoint
     for args, blamed in (({"n_layer": 100000}, "n_layer=100000"), ({"recurrence": "none", "n_loop": 20000}, "n_loop=20000"),
                          ({"vocab_size": 10 ** 6}, "vocab_size=1000000")):
         ck = load_checkpoint(doctored(tiny_run, tmp_path / blamed, **args))
@@ -157,7 +157,7 @@ def test_sizes_are_checked_against_the_weights_before_building(tiny_run, tmp_pat
 def test_compute_only_keys_are_the_machines(tiny_run, tmp_path, monkeypatch):
     """A checkpoint trained with the fused kernel opens here, one note naming key and file; 'auto' checkpointing too."""
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    from inference import runnable_here
+    from discoloop.from_checkpoint import runnable_here
     args = runnable_here({"phi_kernel": "fused", "activation_checkpointing": "auto", "n_layer": 1}, "x/ckpt.pt")
     assert args == {"phi_kernel": "auto" if not torch.cuda.is_available() else "fused", "activation_checkpointing": "none",
                     "n_layer": 1}

@@ -9,8 +9,8 @@ import time
 import pytest
 import torch
 
-from checkpoint import CheckpointError, save_checkpoint
-from runlog import read_metrics
+from discoloop.checkpoint import CheckpointError, save_checkpoint
+from discoloop.runlog import read_metrics
 from conftest import REPO, prepared, run, tiny_train_args
 
 
@@ -232,7 +232,7 @@ def test_ddp_preemption_ranks_agree_and_rank0_saves(tiny_data, tmp_path, who):
 
 
 def test_early_stop_row_rule():
-    from runlog import early_stop_row
+    from discoloop.runlog import early_stop_row
     rows = [{"iter": i, "loss/val_id": v} for i, v in enumerate([5, 4, 3, 3.5, 3, 3.2, 2.9, 3.0, 3.1, 3.3])]
     # best 3 at row 2 (a tie at row 4 is no improvement); patience 2 -> stop at row 4
     assert early_stop_row(rows, "loss/val_id", 2) == 4

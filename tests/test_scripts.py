@@ -6,15 +6,15 @@ import os
 
 import pytest
 
-from common import ConfigError
+from discoloop.common import ConfigError
 from configurator import configure
-from curriculum import parse_join_rule
+from discoloop.curriculum import parse_join_rule
 from conftest import run, tiny_train_args
 from model import GPTConfig
 from test_cli import one_line
 
 
-from train_config import CHECKS, check as train_check, defaults as train_defaults  # noqa: E402
+from discoloop.train_config import CHECKS, check as train_check, defaults as train_defaults  # noqa: E402
 
 
 @pytest.mark.parametrize("args,needle", [

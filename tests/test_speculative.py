@@ -8,14 +8,14 @@ from dataclasses import asdict
 import pytest
 import torch
 
-import speculative
-from checkpoint import save_checkpoint
-from common import ConfigError
+from discoloop import speculative
+from discoloop.checkpoint import save_checkpoint
+from discoloop.common import ConfigError
 from conftest import run
 from model import GPT, Exit, GPTConfig, sampling_probs
-from speculative import Lanes, Pipeline, Speculative, accept, spec_option
+from discoloop.speculative import Lanes, Pipeline, Speculative, accept, spec_option
 from test_cli import one_line
-from tokenizer import get_encoding, record
+from discoloop.tokenizer import get_encoding, record
 
 BLOCK = 24
 

@@ -9,10 +9,10 @@ import sys
 import pytest
 import torch
 
-import train_config
-from common import ConfigError
+from discoloop import train_config
+from discoloop.common import ConfigError
 from conftest import REPO, TINY_DATA_ARGS, run, tiny_train_args
-from stepgraph import StepGraph, eager_form
+from discoloop.stepgraph import StepGraph, eager_form
 
 
 def rows(out):

@@ -7,10 +7,10 @@ import shutil
 import pytest
 import torch
 
-import inference
-import tokenizer
-from checkpoint import load_checkpoint
-from common import DataError
+from discoloop import from_checkpoint
+from discoloop import tokenizer
+from discoloop.checkpoint import load_checkpoint
+from discoloop.common import DataError
 from conftest import TINY_DATA, run, tiny_train_args
 
 
@@ -24,7 +24,7 @@ def test_question_answer_checkpoint_keeps_its_vocabulary(tiny_data, tmp_path):
     args = [a for a in TINY_DATA if "n_entities" not in a and "n_relations" not in a]
     assert run(["data/symbolic/prepare.py", f"--out_dir={data}", "--n_entities=45", "--n_relations=7"] + args).returncode == 0
     assert json.load(open(os.path.join(data, "meta.json")))["vocab"] != vocab
-    assert inference.tokenizer_for(load_checkpoint(out)).vocab == vocab  # the checkpoint's, not the folder's
+    assert from_checkpoint.tokenizer_for(load_checkpoint(out)).vocab == vocab  # the checkpoint's, not the folder's
     prompt = " ".join(vocab[i] for i in (5, 40))
     r = run(["sample.py", f"--ckpt={out}", f"--start={prompt}", "--num_samples=1", "--max_new_tokens=1", "--top_k=1"])
     assert r.returncode == 0 and r.stdout.startswith(prompt), r.stderr[-1500:]
@@ -57,7 +57,7 @@ def test_gpt2_ranks_offline_is_one_line(tmp_path, monkeypatch):
 
 
 def test_pip_download_failure_is_one_line(tmp_path, monkeypatch):
-    from common import pip_download
+    from discoloop.common import pip_download
     monkeypatch.setenv("PIP_NO_INDEX", "1")  # no network in tests: pip answers at once that nothing matches
     with pytest.raises(DataError, match="could not download no-such-package-xyz==0.0.1") as e:
         pip_download("no-such-package-xyz==0.0.1", str(tmp_path), sdist=True)
@@ -73,7 +73,7 @@ def test_sdist_source_reads_a_fetched_package_folder(tmp_path, monkeypatch):
     (folder / "a.txt").write_text("first")
     monkeypatch.setattr(prep, "SDIST_CACHE", str(tmp_path / "sdist"))  # fetched earlier: nothing is downloaded
     assert list(prep.open_source("sdist:plays==1.0:texts", "text")) == ["first", "second"]
-    from common import ConfigError
+    from discoloop.common import ConfigError
     with pytest.raises(ConfigError, match="has no folder 'nope'"):
         prep.open_source("sdist:plays==1.0:nope", "text")
     with pytest.raises(ConfigError, match="not found"):  # a missing file or folder says that it is missing
@@ -114,7 +114,7 @@ def test_shards_record_their_tokenizer_and_a_replaced_one_is_refused(tmp_path):
     """The shards' meta.json keeps the tokenizer.json's hash, not only its path: a file replaced since (other ids)
     is one line when training starts, before a checkpoint could record it; a folder from before the hash runs,
     saying so in one line."""
-    from common import sha256_of
+    from discoloop.common import sha256_of
     from test_cli import one_line
     tok = char_tokenizer(tmp_path / "tokenizer.json")
     d = char_shards(tmp_path, tok)

@@ -136,7 +136,7 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(tiny_data, tmp_path):
     assert run(tiny_train_args(tiny_data, out, "--max_iters=10", "--eval_interval=10")).returncode == 0
     # a resume may not change the learning rate (the checkpoint's config is the truth): give the checkpoint a
     # run that diverges from here on, as a run whose schedule blows up at iteration 10 would have
-    from checkpoint import save_checkpoint
+    from discoloop.checkpoint import save_checkpoint
     diverge = {"learning_rate": 1e30, "grad_clip": 0.0, "decay_lr": False, "warmup_iters": 200}  # a constant rate
     ck = torch.load(os.path.join(out, "ckpt.pt"), weights_only=True)
     ck.pop("crc32")
@@ -251,8 +251,8 @@ def test_split_join_curriculum_stream(tiny_data):
     does not depend on when the join is (what lets a resume move a join that has not acted yet); and
     without split_join the stream is the one every earlier run trained on."""
     import numpy as np
-    from common import DataError
-    from tasks import QAData
+    from discoloop.common import DataError
+    from discoloop.qa_data import QAData
     plain, late, later = QAData(tiny_data), QAData(tiny_data, None, {"train_id": 20}), QAData(tiny_data, None, {"train_id": 50})
     n_atom = len(plain.splits["train_atom"][0])
     rows = lambda d, it: {tuple(r) for r in d.get_batch(it, 64, 0, 1, 0)[0].tolist()}  # noqa: E731
@@ -273,7 +273,7 @@ def test_loops_by_hops_batches_and_evaluation(tiny_data):
     """loops_by_hops: a batch carries each row's hop count (facts 1, 2-hop questions 2) and every split is
     evaluated after as many loops as its hops; off, the batch has no loop counts (the default runs')."""
     from model import GPT, GPTConfig
-    from tasks import QAData, accuracy
+    from discoloop.qa_data import QAData, accuracy
     data = QAData(tiny_data)
     assert data.get_batch(0, 64, 0, 1, 0)[2] is None
     data.loops_by_hops = True
@@ -299,7 +299,7 @@ def test_split_join_resume_may_move_only_future_joins(tiny_data, tmp_path):
     """Integer joins and rule joins ('metric>=x': the split joins at the first evaluation where it held)
     are one decision whether the run was interrupted or not, and a resume may change only what has not
     acted yet."""
-    from curriculum import join_iteration, joins_acted, parse_join_rule
+    from discoloop.curriculum import join_iteration, joins_acted, parse_join_rule
     out, live = str(tmp_path / "run"), str(tmp_path / "live")
     r = run(tiny_train_args(tiny_data, out, "--max_iters=10", "--eval_interval=10", "--split_join={'train_id': 100}"))
     assert r.returncode == 0, r.stderr
@@ -385,7 +385,7 @@ def test_token_corpus_refuses_keys_it_would_ignore(tmp_path):
 def test_cpu_precision_is_decided_once_per_machine_and_shape(tmp_path, monkeypatch):
     """dtype='auto' times the step once; the next start of the same command reuses the decision instead of timing
     again (a 1.4x speed-up timed against a 1.25x threshold flipped in one start out of six)."""
-    import precision
+    from discoloop import precision
     monkeypatch.setenv("DISCOLOOP_DTYPE_CACHE", str(tmp_path / "c.json"))
     calls = []
     decide = lambda answer: (lambda: calls.append(answer) or answer)
@@ -401,7 +401,7 @@ def test_cpu_precision_is_decided_once_per_machine_and_shape(tmp_path, monkeypat
 def test_cpu_precision_cache_is_read_like_input(tmp_path, monkeypatch, capsys, edit):
     """A cache entry edited to what a CPU step cannot compute in here (float16 on a CPU, a typo, not a string): one
     warning line naming the file and the value, timed again and rewritten, never used; the other entries stay."""
-    import precision
+    from discoloop import precision
     path = tmp_path / "c.json"
     monkeypatch.setenv("DISCOLOOP_DTYPE_CACHE", str(path))
     precision.cached_cpu_dtype("shape A", lambda: "float32")
@@ -420,7 +420,7 @@ def test_cpu_precision_cache_is_read_like_input(tmp_path, monkeypatch, capsys, e
 def test_a_cache_path_that_is_not_the_cache_is_never_written(tmp_path, monkeypatch, capsys, what):
     """DISCOLOOP_DTYPE_CACHE naming someone's file, a pipe, a device (through a link) or a folder: one warning, the
     precision timed and not kept, the path exactly as it was (no hang on a pipe)."""
-    import precision
+    from discoloop import precision
     path = tmp_path / "c.json"
     if what == "not json":
         path.write_text("my notes")
@@ -489,7 +489,7 @@ def test_keep_every_keeps_probe_checkpoints(tiny_data, tmp_path):
     out = str(tmp_path / "run")
     r = run(tiny_train_args(tiny_data, out, "--max_iters=6", "--eval_interval=2", "--keep_every=4"))
     assert r.returncode == 0, r.stderr[-2000:]
-    from checkpoint import load_checkpoint
+    from discoloop.checkpoint import load_checkpoint
     assert sorted(n for n in os.listdir(out) if n.startswith("ckpt")) == ["ckpt.pt", "ckpt_4.pt"]
     assert load_checkpoint(os.path.join(out, "ckpt_4.pt"))["iter_num"] == 4 and load_checkpoint(out)["iter_num"] == 6
     from test_cli import one_line

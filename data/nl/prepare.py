@@ -28,10 +28,10 @@ import numpy as np
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, REPO)
-import tokenizer  # noqa: E402
-from common import ConfigError  # noqa: E402
+from discoloop import tokenizer  # noqa: E402
+from discoloop.common import ConfigError  # noqa: E402
 from configurator import one_of  # noqa: E402
-from dataprep import cli, prepare_and_say, prepare_qa  # noqa: E402
+from discoloop.prepare_tools import cli, prepare_and_say, prepare_qa  # noqa: E402
 from data.symbolic import prepare as sym  # noqa: E402  (the graph code, reused)
 
 ON_FIRST_USE = True  # train.py prepares this folder when it starts (a few seconds)
@@ -150,7 +150,7 @@ def build(c, enc):
 
 
 def prepare(c, enc=None):
-    """The symbolic dataset of config c, in English, into c['out_dir'] (dataprep.prepare_qa: kept when it is this
+    """The symbolic dataset of config c, in English, into c['out_dir'] (prepare_tools.prepare_qa: kept when it is this
     config's; GPT-2's ranks are fetched only where the folder is made)."""
     sym.check_config(c)
     tok = {"encoding": c["encoding"], "tiktoken_file": c["tiktoken_file"]}

@@ -13,10 +13,10 @@ import sys
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, REPO)
-from common import ConfigError, DataError  # noqa: E402
+from discoloop.common import ConfigError, DataError  # noqa: E402
 from configurator import FOLDER, INT_GE0, INT_GE1  # noqa: E402
-from dataprep import cli  # noqa: E402
-from datafolder import claim  # noqa: E402
+from discoloop.prepare_tools import cli  # noqa: E402
+from discoloop.folder_owner import claim  # noqa: E402
 
 DEFAULTS = dict(
     text_file="",       # held-out text (for the Shakespeare runs: a play in the validation shard)
@@ -66,7 +66,7 @@ metric_list:
   - metric: perplexity
   - metric: acc
 """)
-    with open(os.path.join(c["out_dir"], "meta.json"), "w") as f:  # last: whose folder this is (datafolder.owner)
+    with open(os.path.join(c["out_dir"], "meta.json"), "w") as f:  # last: whose folder this is (folder_owner.owner)
         json.dump({"kind": "tasks", "generator": "pretrain/local_task", "config": {k: c[k] for k in c if k != "out_dir"}},
                   f, indent=1)
     return len(rows)

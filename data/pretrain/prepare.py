@@ -23,12 +23,12 @@ import numpy as np
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, REPO)
-from common import ConfigError, DataError, atomic_write, pip_download  # noqa: E402
-from compat import TRUSTED_SINCE  # noqa: E402
+from discoloop.common import ConfigError, DataError, atomic_write, pip_download  # noqa: E402
+from discoloop.compat import TRUSTED_SINCE  # noqa: E402
 from configurator import FOLDER, INT_GE0, INT_GE1  # noqa: E402
-from dataprep import check_ours, cli, prepare_lock  # noqa: E402
-from shards import check_whole  # noqa: E402
-from tokenizer import DEFAULT_EOT, get_encoding, tokenizer_sha256  # noqa: E402
+from discoloop.prepare_tools import check_ours, cli, prepare_lock  # noqa: E402
+from discoloop.shards import check_whole  # noqa: E402
+from discoloop.tokenizer import DEFAULT_EOT, get_encoding, tokenizer_sha256  # noqa: E402
 
 HUB_SOURCES = "hf:HuggingFaceFW/fineweb-edu:sample-100BT,hf:HuggingFaceTB/finemath:finemath-4plus"
 ON_FIRST_USE = False  # a corpus is a job of its own: train.py prepares one only when data_args say how
@@ -207,7 +207,7 @@ def prepare(c, enc=None):
 
 def read_state(out, generator):
     """state.json of a folder this script is writing (shards so far), checked to be this config's; None
-    for a folder it may start in. A folder it did not make is refused, untouched (dataprep.check_ours)."""
+    for a folder it may start in. A folder it did not make is refused, untouched (prepare_tools.check_ours)."""
     state_path = os.path.join(out, "state.json")
     if os.path.exists(os.path.join(out, "meta.json")) or not os.path.exists(state_path):
         check_ours(out, "tokens", "pretrain", generator, list(generator))

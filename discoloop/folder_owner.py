@@ -3,7 +3,7 @@ Folders: whose a folder is, whether a script may write into it, and what a data 
 
 The one rule (owner/claim): a script writes only into a folder that is absent, empty, or provably its own. What a
 folder is, is read from what it holds: meta.json = a prepared folder (its `kind`: 'qa' question-answer splits,
-tasks.py; 'tokens' token shards, shards.py; 'tasks' lm-eval task YAMLs; 'model' pretrained weights; and its
+qa_data.py; 'tokens' token shards, shards.py; 'tasks' lm-eval task YAMLs; 'model' pretrained weights; and its
 `generator`, the data/<generator>/prepare.py that made it, with that script's `config`); a config.json of
 model_type 'discoloop' = an export_hf.py folder; any other config.json, weights or tokenizer files = a Hugging Face
 (or someone's) model; train.py's own config.json record, its run.lock or its ckpt.pt = a run folder (a metrics.jsonl
@@ -12,7 +12,7 @@ Anything else is nobody's we know, and is left untouched.
 """
 import os
 
-from common import DataError, is_ours, read_json
+from discoloop.common import DataError, is_ours, read_json
 
 KINDS = ("qa", "tokens", "tasks", "model")  # tasks: lm-eval task YAMLs (data/benchmarks); model: pretrained weights (data/smollm2)
 MODEL_FILES = (".safetensors", ".bin", ".gguf", ".pt", "tokenizer.json", "tokenizer_config.json")  # a model's files

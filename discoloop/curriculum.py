@@ -2,13 +2,13 @@
 The split_join curriculum, grammar and decisions in one place: a training split joins the mix at a fixed
 iteration or when a rule on a validation metric first holds ('acc/val_id>=0.9'). The decisions are read
 from the metrics rows alone, so a resumed run joins exactly where the uninterrupted one did, and a resume
-may change a join only where it has not acted yet. (tasks.QAData applies a join to its rows; train.py asks
+may change a join only where it has not acted yet. (qa_data.QAData applies a join to its rows; train.py asks
 here when.)
 """
 import math
 import re
 
-from common import ConfigError
+from discoloop.common import ConfigError
 
 JOIN_RULE = re.compile(r"^\s*([\w/]+)\s*(>=|<=)\s*([-+.\w]+)\s*$")
 

@@ -6,8 +6,8 @@ and bench.py step's cache of memory plans (device-independent arithmetic, made o
 import json
 import os
 
-from common import atomic_write, marked, owned, read_json, table
-from memory import plan
+from discoloop.common import atomic_write, marked, owned, read_json, table
+from discoloop.memory import plan
 
 
 class RowLog:

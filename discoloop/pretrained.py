@@ -1,7 +1,7 @@
 """
 Foreign weights: a Hugging Face causal-LM folder as a GPT (model.py, which knows nothing of this file).
 
-    from pretrained import from_pretrained
+    from discoloop.pretrained import from_pretrained
     model = from_pretrained("data/smollm2/out", recurrence="disco", n_loop=2)   # SmolLM2's stack, looped twice
 
 Supported (PRETRAINED, at the end): model_type 'gpt2' (Conv1D weights transposed, learned positions, LayerNorm,
@@ -25,8 +25,8 @@ import sys
 import numpy as np
 import torch
 
-from common import ConfigError, DataError, read_json, weights_fit
-from datafolder import hf_folder  # noqa: F401 (its readers import it from here too)
+from discoloop.common import ConfigError, DataError, read_json, weights_fit
+from discoloop.folder_owner import hf_folder  # noqa: F401 (its readers import it from here too)
 from model import ARCH_KEYS, CONTINUE_KEYS, GPT, GPTConfig
 
 

@@ -12,9 +12,9 @@ DataError naming it, raised before a figure is drawn.
 import json
 import os
 
-from common import FIGURE_METADATA, ConfigError, DataError, table
+from discoloop.common import FIGURE_METADATA, ConfigError, DataError, table
 from model import RECURRENCES
-from runlog import early_stop_row, read_metrics
+from discoloop.runlog import early_stop_row, read_metrics
 
 FIGURE_EXTENSIONS = (".png", ".pdf", ".svg")  # what --png may end with: formats matplotlib writes from the suffix
 

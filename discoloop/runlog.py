@@ -10,14 +10,14 @@ import os
 import sys
 import time
 
-from common import TMP_RE, DataError, RunError, atomic_write, marked
-from curriculum import fired_joins
-from datafolder import claim
+from discoloop.common import TMP_RE, DataError, RunError, atomic_write, marked
+from discoloop.curriculum import fired_joins
+from discoloop.folder_owner import claim
 
 
 def open_run_folder(out_dir, lock=True):
     """Make out_dir and prove it writable now, not at the first checkpoint; with lock, hold it for this process
-    (lock_run_folder). A one-line RunError for a folder that is not train.py's (datafolder.claim: a Hugging Face
+    (lock_run_folder). A one-line RunError for a folder that is not train.py's (folder_owner.claim: a Hugging Face
     model, an export, a dataset, unknown files), a file in its place, an unwritable folder or a live holder."""
     for name in ("ckpt.pt", "metrics.jsonl", "config.json", "run.lock"):  # a folder where a run writes a file: not ours
         if os.path.isdir(os.path.join(out_dir, name)):

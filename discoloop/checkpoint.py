@@ -14,11 +14,11 @@ import zlib
 
 import torch
 
-from common import CheckpointError, ConfigError, atomic_write, marked, not_regular, owned, tmp_name
-from compat import renamed, retire, upgrade_checkpoint
+from discoloop.common import CheckpointError, ConfigError, atomic_write, marked, not_regular, owned, tmp_name
+from discoloop.compat import renamed, retire, upgrade_checkpoint
 from configurator import COMMAND_LINE
-from curriculum import joins_changed
-from datafolder import hf_folder
+from discoloop.curriculum import joins_changed
+from discoloop.folder_owner import hf_folder
 from model import ARCH_KEYS, CONTINUE_KEYS, GPTConfig
 
 
@@ -207,7 +207,7 @@ def load_branch(path, config, stated=()):
     the config the rest (CONTINUE_KEYS: the recurrence, the window, ...). Returns (model state, weight-average state or None, {model key: value} the
     config must take, facts for config.json)."""
     if hf_folder(path):
-        from pretrained import from_pretrained, pretrained_architecture  # only a branch from a folder converts one
+        from discoloop.pretrained import from_pretrained, pretrained_architecture  # only a branch from a folder converts one
         stated = stated if isinstance(stated, dict) else dict.fromkeys(stated, COMMAND_LINE)
         typed = {k for k, where in stated.items() if where == COMMAND_LINE}  # a conflict the user typed is refused
         keys = {k: config[k] for k in config if k in CONTINUE_KEYS or (k in ARCH_KEYS and k in typed)}

@@ -1,32 +1,32 @@
 """
-open_data: a prepared folder's training data, by the kind its meta.json names (tasks.QAData for question-answer
+open_data: a prepared folder's training data, by the kind its meta.json names (qa_data.QAData for question-answer
 folders, shards.TokenData for token shards: one interface), prepared first by data/<dataset>/prepare.py where
 that is cheap. The one place that picks a prepare script by the dataset's name, and so where its contract is:
 
     DEFAULTS      {key: default}: the script's arguments (its --help), out_dir among them
     CHECKS        {key: (predicate, what is allowed)}: each argument's one check (configurator.merge runs them)
     prepare(c)    makes c['out_dir'] (c: DEFAULTS merged with data_args) and records in its meta.json the `kind`
-                  (datafolder.KINDS), the `generator` (the dataset's name) and the `config` it was made from
+                  (folder_owner.KINDS), the `generator` (the dataset's name) and the `config` it was made from
     ON_FIRST_USE  True: train.py runs prepare() at every start (a no-op when the folder is this config's; question-
                   answer sets, seconds); False: only when data_args say how and the folder is not there (a corpus)
     KIND          optional, 'model': the script makes pretrained model folders (init_from=data/<name>/<folder>)
 
-A question-answer script is its parameters, checks and a build function (dataprep.prepare_qa is the sequence).
+A question-answer script is its parameters, checks and a build function (prepare_tools.prepare_qa is the sequence).
 Then check_with_data: the training keys that can only be checked against the opened data.
 """
 import importlib
 import os
 
-from common import ConfigError, DataError, weights_fit
+from discoloop.common import ConfigError, DataError, weights_fit
 from configurator import merge
-from curriculum import check_against
-from datafolder import hf_folder, kind_of, read_meta
+from discoloop.curriculum import check_against
+from discoloop.folder_owner import hf_folder, kind_of, read_meta
 from model import RECURRENCES, GPTConfig
-from shards import TokenData
-from tasks import QAData
-from tokenizer import check_folder_tokenizer, check_shards_tokenizer
+from discoloop.shards import TokenData
+from discoloop.qa_data import QAData
+from discoloop.tokenizer import check_folder_tokenizer, check_shards_tokenizer
 
-REPO = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def generators():
@@ -41,7 +41,7 @@ def load_prepare(generator):
     lacks = [n for n in ("DEFAULTS", "CHECKS", "prepare", "ON_FIRST_USE") if not hasattr(prep, n)]
     if lacks:
         raise DataError(f"data/{generator}/prepare.py lacks {lacks[0]}: a prepare script defines DEFAULTS, CHECKS, "
-                        "prepare(c) and ON_FIRST_USE (dataloader.py's docstring)")
+                        "prepare(c) and ON_FIRST_USE (dataset.py's docstring)")
     return prep
 
 
@@ -138,7 +138,7 @@ def check_with_data(config, data, defaults):
 
 def check_data_belongs(config, data, defaults):
     """The data is the one the config and the starting weights mean: Stage-1 splits are asked only of question-answer
-    data (data_args against a corpus's folder: dataloader.check_made_with); the tokenizer its shards name is still the one they were made with; an init_from folder's own tokenizer is the
+    data (data_args against a corpus's folder: dataset.check_made_with); the tokenizer its shards name is still the one they were made with; an init_from folder's own tokenizer is the
     data's."""
     d, corpus = config["data_dir"], data.kind == "tokens"
     if corpus and config["stage1_splits"] != defaults["stage1_splits"]:

@@ -18,7 +18,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from common import atomic_write
+from discoloop.common import atomic_write
 
 CPU_DTYPES = ("float32", "bfloat16")  # what pick_cpu_dtype gives, so all a cache entry may say
 

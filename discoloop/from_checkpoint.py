@@ -12,15 +12,15 @@ import sys
 import torch
 import torch.nn as nn
 
-from checkpoint import config_mismatch, content_crc, load_checkpoint
-from common import MARK, CheckpointError, ConfigError, DataError, not_regular, read_json
-from compat import OLD_GATE_FILE
+from discoloop.checkpoint import config_mismatch, content_crc, load_checkpoint
+from discoloop.common import MARK, CheckpointError, ConfigError, DataError, not_regular, read_json
+from discoloop.compat import OLD_GATE_FILE
 from configurator import INT_GE1
-from datafolder import kind_of, owner, read_meta
+from discoloop.folder_owner import kind_of, owner, read_meta
 from model import COMPUTE_KEYS, GPT, Exit, GPTConfig
-from shards import TokenShards
-from tasks import QAData
-from tokenizer import HFEncoding, WordVocab, from_record, get_encoding
+from discoloop.shards import TokenShards
+from discoloop.qa_data import QAData
+from discoloop.tokenizer import HFEncoding, WordVocab, from_record, get_encoding
 
 
 def runnable_here(args, where):
@@ -100,7 +100,7 @@ def trained_on_tokens(ckpt):
 
 
 def load(ckpt_path, data_dir=None, raw=False, tokens_ok=False, split="val"):
-    """(model, data) of a checkpoint and the dataset it was trained on (probe.py, exits.py): tasks.QAData, or where
+    """(model, data) of a checkpoint and the dataset it was trained on (probe.py, exits.py): qa_data.QAData, or where
     `tokens_ok` (exits.py) a pretraining run's `split` shards (shards.TokenShards). data_dir (default: the checkpoint's
     own) must hold the kind of data and the tokens the model was trained on; its meta.json is read once, here."""
     ckpt = load_checkpoint(ckpt_path)

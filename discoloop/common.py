@@ -18,7 +18,7 @@ import threading
 
 import torch
 
-import compat
+from discoloop import compat
 
 
 # One-line errors: each names the bad value and what is allowed; scripts turn any of them into `die`.
@@ -116,7 +116,7 @@ def read_json(path):
 # Ownership by a mark, not a name: every file the project may later replace, extend or delete carries MARK (a JSON
 # object's key, the first row's key of a JSON-lines file, a figure's Creator metadata, a checkpoint's key) whose value
 # starts with its writer's name. A user's file cannot carry it by accident; owned() is the one check every script makes
-# before any work. Folders are judged by what they hold (datafolder.owner, whose proof of a run is its marked ckpt.pt).
+# before any work. Folders are judged by what they hold (folder_owner.owner, whose proof of a run is its marked ckpt.pt).
 MARK = "discoloop_mark"
 FIGURE_METADATA = {"Creator": f"{MARK} figure"}  # savefig(metadata=...): PNG text, PDF Info and SVG metadata, uncompressed
 # The one table: writer (the mark's start) -> how its files are stored ('torch' dict, 'json' object, 'jsonl' whose first

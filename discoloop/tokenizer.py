@@ -7,7 +7,7 @@ Every tokenizer of the repo, and the record a checkpoint carries of its own.
   DeepSeek-V3's, the paper's): `get_encoding(data config)`.
 - `WordVocab`: a question-answer folder's word vocabulary.
 - `record(enc)` / `from_record(rec)`: what train.py stores in a checkpoint so that sample.py, eval_harness.py
-  and export_hf.py read it (inference.tokenizer_for) with the tokenizer it was trained with, not with
+  and export_hf.py read it (from_checkpoint.tokenizer_for) with the tokenizer it was trained with, not with
   whatever file or folder now sits at the recorded path (a tokenizer.json and a word vocabulary are stored
   whole; a tiktoken encoding by name and the hash of its ranks, checked when rebuilt).
 - `tokenizer_sha256(c)`: the hash token shards record of their tokenizer when made; `check_shards_tokenizer`
@@ -19,9 +19,9 @@ import os
 import sys
 import tarfile
 
-from common import ConfigError, DataError, atomic_write, pip_download, sha256_of
+from discoloop.common import ConfigError, DataError, atomic_write, pip_download, sha256_of
 
-REPO = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GPT2_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"  # r50k_base / gpt2.tiktoken
 GPT2_SDIST = ("openai-whisper==20250625", "whisper/assets/gpt2.tiktoken")  # ships the official ranks file
 # where a fetched copy is kept ($DISCOLOOP_TOKENIZERS moves it, e.g. for a test that must not find one)
