@@ -29,7 +29,7 @@ class TopkPhi(torch.autograd.Function):
     all embedding_bag kernels, O(N k d) instead of the dense O(N V d) logits backward. Both terms of dW go into ONE
     (V, d) buffer per call, however many chunks: allocating and adding V x d gradients is what a small step pays most
     for (bench.py). Hooks, None = the above: `select(logits, k)` (the top-k), `decode(xs, W, k)` (logits and top-k in
-    one: phi_triton.py), `grads(x, W, idx, p, dlogit, g, chunk, mm_dtype, need)` (dx, dW); lab/phi.py tries others."""
+    one: lab/phi_triton.py), `grads(x, W, idx, p, dlogit, g, chunk, mm_dtype, need)` (dx, dW); lab/phi.py tries others."""
 
     @staticmethod
     def forward(ctx, x, W, k, tau, chunk, select=None, grads=None, decode=None):
@@ -118,20 +118,13 @@ def csr_grads(x, W, idx, p, dlogit, g, chunk, mm_dtype, need):
     return (bag_dx(x, W, idx, dlogit) if need[0] else None), gW
 
 
-def fused_phi(x, W, k, tau, chunk):
-    """auto's Phi with phi_triton.py's decode (Triton, no (rows, V) logits); not measured yet: auto never picks it."""
-    import phi_triton  # here, not at the top: `import kernels` imports no Triton (only this kernel needs it)
-    return TopkPhi.apply(x, W, k, tau, chunk, None, csr_grads if x.is_cuda else None, phi_triton.decode_topk)
-
-
-# name -> kernel(x, W, k, tau, chunk), each equal to TopkPhi in float64 (tests/test_phi.py; test_phi_fused.py): the
-# default and the variants a measurement promoted (or, "fused", is to measure). "csr": 0.78x bag's time and a quarter
+# name -> kernel(x, W, k, tau, chunk), each equal to TopkPhi in float64 (tests/test_phi.py): the default and the
+# variants a measurement promoted. "csr": 0.78x bag's time and a quarter
 # of its peak on an H200 at 440M (RESULTS.md), 1.06x on a CPU: "auto" is csr on CUDA, bag elsewhere. Lab: lab/phi.py.
 PHI_KERNELS = {
     "auto": lambda x, W, k, tau, chunk: TopkPhi.apply(x, W, k, tau, chunk, None, csr_grads if x.is_cuda else None),
     "bag": TopkPhi.apply,
     "csr": lambda x, W, k, tau, chunk: TopkPhi.apply(x, W, k, tau, chunk, None, csr_grads),
-    "fused": fused_phi,
     "compiled": compiled_phi,
 }
 

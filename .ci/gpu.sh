@@ -15,14 +15,14 @@
 #   1. lab/phi.py --compile=True: every Phi kernel, fused first   -> phi.log, phi.jsonl
 #   2. the symbolic job, the whole step one CUDA graph, to 0.99 / 0.95 -> symbolic.log
 #   3. compiled step at 440M, loop + DiscoLoop, policy 'auto'     -> step.log, step.jsonl (a row per variant)
-#   4. tests/test_cuda.py (the GPU paths: fused Phi, CUDA graph, policies) -> test_cuda.log
+#   4. tests/test_cuda.py (the GPU paths: CUDA graph, policies)  -> test_cuda.log
 #   5. compiled step, loop + DiscoLoop, policy 'block' (the old default)   -> step.jsonl
-#   6. compiled step, DiscoLoop, phi_kernel='fused'                         -> step.jsonl
-#   7. lab/sdpa.py: the default attention backend (cuDNN read first) and each one's time -> step.jsonl
-#   8. .ci/job_ab.py: a0d70e6's symbolic step, this tree's, and the CUDA graph's, side by side (OLD: JOB_AB_OLD,
+#      (the compiled step with phi_kernel='fused' is gone: fused is a lab/ candidate, timed by step 1 alone)
+#   6. lab/sdpa.py: the default attention backend (cuDNN read first) and each one's time -> step.jsonl
+#   7. .ci/job_ab.py: a0d70e6's symbolic step, this tree's, and the CUDA graph's, side by side (OLD: JOB_AB_OLD,
 #      default out/a0d70e6.tar.gz, carried; skipped with a line when absent)                -> symbolic.log
-#   9. the symbolic job, eager; 10. compiled PonderLM; 11. eager loop + DiscoLoop
-#  12. batch-1 decoding (issue 67): bench.py sample, plain cached greedy against pipelined self-speculation (propose
+#   8. the symbolic job, eager; 9. compiled PonderLM; 10. eager loop + DiscoLoop
+#  11. batch-1 decoding (issue 67): bench.py sample, plain cached greedy against pipelined self-speculation (propose
 #      at loop 1) on a small trained checkpoint (DECODE_CKPT, default out/small_disco_ll03, carried; skipped with a
 #      line when absent; DRY=1 without it: the same command on random toy weights)              -> step.log
 # Files back (8): summary.txt device.txt test_cuda.log step.log step.jsonl phi.log phi.jsonl symbolic.log
@@ -52,7 +52,7 @@ if [ "$DRY" = 1 ]; then  # the real configs and commands, at toy sizes, on the C
   SYM="--device=cpu --n_embd=32 --n_head=2 --batch_size=64 --max_iters=4 --eval_interval=2 --threads=1 ${SYMBOLIC_ARGS:-}"
   PYTEST_ARGS="-q -x"; AB="--dry"
   export TRITON_INTERPRET=1  # the fused kernel's own code, in Triton's interpreter
-  L_PHI=900 L_AUTO=900 L_GRAPH=900 L_TEST=900 L_BLOCK=900 L_FUSED=900 L_SDPA=900 L_AB=900 L_SYM=900 L_PONDER=900 L_EAGER=900
+  L_PHI=900 L_AUTO=900 L_GRAPH=900 L_TEST=900 L_BLOCK=900 L_SDPA=900 L_AB=900 L_SYM=900 L_PONDER=900 L_EAGER=900
   DECODE_ARGS="--new_tokens=8 --prompt=4 --device=cpu --threads=1"; DECODE_TOY="--n_embd=32 --n_head=2 --vocab_size=257"
   L_DECODE=900
 else
@@ -60,7 +60,7 @@ else
   PYTEST_ARGS="-q -x -n 3"; AB=""
   # measured on an H200 (RESULTS.md, "The device check's budget"): test_cuda 100 s alone; a compiled variant 49-61 s
   # cold (two in one process: the second reuses the first's kernels); lab/phi.py 40; lab/sdpa.py 13; symbolic 63 eager
-  L_PHI=50 L_AUTO=110 L_GRAPH=45 L_TEST=100 L_BLOCK=90 L_FUSED=60 L_SDPA=20 L_AB=150 L_SYM=70 L_PONDER=70 L_EAGER=60
+  L_PHI=50 L_AUTO=110 L_GRAPH=45 L_TEST=100 L_BLOCK=90 L_SDPA=20 L_AB=150 L_SYM=70 L_PONDER=70 L_EAGER=60
   DECODE_ARGS="--new_tokens=200 --prompt=16 --device=cuda"; DECODE_TOY=""
   L_DECODE=45  # not measured on a device yet: 3 layers, d=128, 200 tokens a few seconds per row; start-up ~10 s
 fi
@@ -126,28 +126,27 @@ wait $PLAN_PID 2> /dev/null  # the plans the compiled steps read (made while ste
 compiled "3 compiled step, loop + DiscoLoop, policy auto, 440M" $L_AUTO --variants=loop,disco --activation_checkpointing=auto
 step "4 tests/test_cuda.py" $L_TEST test_cuda.log python -m pytest $PYTEST_ARGS -p no:benchmark tests/test_cuda.py
 compiled "5 compiled step, loop + DiscoLoop, policy block, 440M" $L_BLOCK --variants=loop,disco --activation_checkpointing=block
-compiled "6 compiled step, DiscoLoop, fused Phi, 440M" $L_FUSED --variants=disco --phi_kernel=fused
-step "7 lab/sdpa.py, attention backends at 440M" $L_SDPA step.log python lab/sdpa.py config/pretrain.py $SDPA --json="$OUT/step.jsonl"
+step "6 lab/sdpa.py, attention backends at 440M" $L_SDPA step.log python lab/sdpa.py config/pretrain.py $SDPA --json="$OUT/step.jsonl"
 OLD=${JOB_AB_OLD:-out/a0d70e6.tar.gz}
 if [ -e "$OLD" ]; then
-  step "8 job_ab: a0d70e6, this tree, the CUDA graph" $L_AB symbolic.log python .ci/job_ab.py "$OLD" $AB --variants=old,new,graph
+  step "7 job_ab: a0d70e6, this tree, the CUDA graph" $L_AB symbolic.log python .ci/job_ab.py "$OLD" $AB --variants=old,new,graph
 else
-  echo "8 job_ab: skipped, no $OLD (git archive -o out/a0d70e6.tar.gz a0d70e6, carried)" >> "$OUT/summary.txt"
+  echo "7 job_ab: skipped, no $OLD (git archive -o out/a0d70e6.tar.gz a0d70e6, carried)" >> "$OUT/summary.txt"
 fi
-symbolic "9 symbolic, eager" $L_SYM eager
-step "10 compiled step, PonderLM, 440M" $L_PONDER step.log \
+symbolic "8 symbolic, eager" $L_SYM eager
+step "9 compiled step, PonderLM, 440M" $L_PONDER step.log \
   $(cold) python bench.py step config/pretrain_ponder.py $STEP --compile=True --variants=ponder --plan_cache="$PLAN_P" --json="$OUT/step.jsonl"
-step "11 eager step, loop + DiscoLoop, 440M" $L_EAGER step.log \
+step "10 eager step, loop + DiscoLoop, 440M" $L_EAGER step.log \
   python bench.py step config/pretrain.py $STEP --compile=False --variants=loop,disco --plan_cache="$PLAN" --json="$OUT/step.jsonl"
 DECODE=${DECODE_CKPT:-out/small_disco_ll03}
 if [ -e "$DECODE" ]; then
-  step "12 batch-1 decoding: plain against pipelined, $DECODE" $L_DECODE step.log \
+  step "11 batch-1 decoding: plain against pipelined, $DECODE" $L_DECODE step.log \
     python bench.py sample config/pretrain_small.py --ckpt="$DECODE" $DECODE_ARGS --speculative_propose=1
 elif [ "$DRY" = 1 ]; then  # the same command's code path on random toy weights
-  step "12 batch-1 decoding: plain against pipelined, random toy weights" $L_DECODE step.log \
+  step "11 batch-1 decoding: plain against pipelined, random toy weights" $L_DECODE step.log \
     python bench.py sample config/pretrain_small.py $DECODE_TOY $DECODE_ARGS --speculative_propose=1
 else
-  echo "12 batch-1 decoding: skipped, no $DECODE (a trained run folder, carried; DECODE_CKPT names another)" >> "$OUT/summary.txt"
+  echo "11 batch-1 decoding: skipped, no $DECODE (a trained run folder, carried; DECODE_CKPT names another)" >> "$OUT/summary.txt"
 fi
 wait  # the background plans (finished long before)
 echo "total $(( $(date +%s) - START )) s of DEADLINE=$DEADLINE; every step ok: $([ $FAILED = 0 ] && echo yes || echo no)" >> "$OUT/summary.txt"

@@ -3,7 +3,6 @@ train.py's keys: each key's default and meaning (--help prints the comment on it
 and when it acts (ACTIVE). The checks that need the opened dataset live beside it (dataset.check_with_data). Model keys are GPTConfig's (model.py), checked there.
 Importable without running training, so bench.py plans and times a training config with the same keys.
 """
-import os
 
 import torch
 
@@ -152,11 +151,6 @@ def check(config, stated=None):
     if config["decay_lr"] and config["min_lr"] > config["learning_rate"]:  # a constant rate never reaches min_lr
         raise ConfigError(f"min_lr={config['min_lr']} is above learning_rate={config['learning_rate']}: "
                           "the schedule decays to min_lr, so allowed min_lr <= learning_rate")
-    cuda = on_cuda(config)
-    acts = GPTConfig.ACTIVE["phi_kernel"][0](config) and GPTConfig.ACTIVE["phi_"][0](config)  # else inert (noted)
-    if config["phi_kernel"] == "fused" and acts and not cuda and os.environ.get("TRITON_INTERPRET") != "1":
-        raise ConfigError(f"phi_kernel='fused' (a Triton kernel) needs a CUDA device, not device={config['device']!r} "
-                          "here: allowed 'auto', 'bag' or 'csr' (or TRITON_INTERPRET=1, Triton's interpreter, for tests)")
     # what a captured step cannot hold (stepgraph.py): Muon's float lr (frozen in the graph), float16's loss scaling (it
     # syncs every step), reduce-overhead's CUDA graphs of its own
     graph_bad = [k for k, bad in (("optimizer", config["optimizer"] != "adamw"), ("dtype", config["dtype"] == "float16"),

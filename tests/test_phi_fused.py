@@ -1,4 +1,4 @@
-"""The fused Phi forward (phi_triton.py, kernels.PHI_KERNELS["fused"]) runs its own Triton kernel here, on the CPU,
+"""The fused Phi forward (lab/phi_triton.py, lab/phi.py's "fused" candidate) runs its own Triton kernel here, on the CPU,
 under Triton's interpreter: each bin's candidates are its largest logits, the top-k over them equals torch.topk's, the
 rows a bin could hide a top-k value in are found and decoded again, and Phi, dx and dW equal the float64 reference (to
 1e-12 of their scale in fp64, 1e-6 in fp32, 2e-2 in bf16). TRITON_INTERPRET is set per test (monkeypatch: it is gone
@@ -15,6 +15,7 @@ import torch
 
 import kernels
 from conftest import REPO
+from lab.phi import CANDIDATES
 from test_phi import reference
 
 needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None,
@@ -29,7 +30,7 @@ CASES = [(64, 32, 700, 16, 128, 8, (64, 128, 64)), (64, 32, 1000, 8, 16, 2, (32,
 def P(monkeypatch):
     """phi_triton under Triton's interpreter, for this test only."""
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    import phi_triton  # after the variable: its gate and its kernel's wrapper read it
+    from lab import phi_triton  # after the variable: its gate and its kernel's wrapper read it
     return phi_triton
 
 
@@ -98,7 +99,7 @@ def run(fn, x, W, g):
 @pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-12), (torch.float32, 1e-6), (torch.bfloat16, 2e-2)])
 @pytest.mark.parametrize("how", ["kernels", "small bins"])
 def test_phi_and_gradients_equal_the_float64_reference(P, dtype, tol, how):
-    """Through kernels.topk_phi (the module's bins; bag's backward on a CPU) and through TopkPhi with small bins (rows
+    """Through lab/phi.py's "fused" (the module's bins; bag's backward on a CPU) and through TopkPhi with small bins (rows
     decoded again) and csr's backward (not in bf16: a CPU's sparse matmul has none); 2 chunks, the last one short. The
     reference is the dense formula in float64 on the same (rounded) values."""
     B, T, chunk, d, V, k, tau = 2, 20, 12, 32, 500, 8, 0.7
@@ -106,7 +107,7 @@ def test_phi_and_gradients_equal_the_float64_reference(P, dtype, tol, how):
     x, W, g = (torch.randn(*s, generator=gen, dtype=torch.float64) for s in ((B, T, d), (V, d), (B, T, d)))
     x, W, g = (x / d ** 0.5).to(dtype), W.to(dtype), g.to(dtype)  # logits of unit scale: bf16 rounds them by < 1%
     if how == "kernels":
-        fn = partial(kernels.topk_phi, k=k, tau=tau, chunk=chunk, kernel="fused")
+        fn = partial(CANDIDATES["fused"], k=k, tau=tau, chunk=chunk)
     else:
         decode = partial(P.decode_topk, bin=16, keep=2, tiles=(64, 64, 32))
         grads = kernels.csr_grads if dtype != torch.bfloat16 else None
@@ -148,14 +149,14 @@ def test_fewer_candidates_than_k_is_the_exact_decode(P):
 def test_a_cpu_tensor_without_the_interpreter_is_one_line(P, monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET")  # phi_triton is imported already: its decode checks the tensor
     with pytest.raises(ValueError, match=r"^phi_kernel='fused' needs CUDA, .*\(TRITON_INTERPRET=1\): x is on cpu$"):
-        kernels.topk_phi(torch.randn(1, 2, 4), torch.randn(9, 4), 2, 1.0, 2, "fused")
+        CANDIDATES["fused"](torch.randn(1, 2, 4), torch.randn(9, 4), 2, 1.0, 2)
 
 
 def test_without_cuda_or_the_interpreter_it_is_one_line_and_imports_no_triton():
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA: the fused kernel runs there")
-    code = ("import sys, torch, kernels\nassert 'triton' not in sys.modules\ntry:\n"
-            "    kernels.topk_phi(torch.randn(1, 2, 4), torch.randn(9, 4), 2, 1.0, 2, 'fused')\n"
+    code = ("import sys, torch\nfrom lab.phi import CANDIDATES\nassert 'triton' not in sys.modules\ntry:\n"
+            "    CANDIDATES['fused'](torch.randn(1, 2, 4), torch.randn(9, 4), 2, 1.0, 2)\n"
             "except ValueError as e:\n    print(e)\nprint('triton' in sys.modules)")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120, env=env)

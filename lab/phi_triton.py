@@ -1,6 +1,6 @@
 """
-The fused decode of top-k Phi (kernels.PHI_KERNELS["fused"]; only kernels.py imports this file, and only when that
-kernel runs): the top-k of logits = x @ W^T without ever writing the (rows, V) logits. It runs on CUDA, or on the CPU
+The fused decode of top-k Phi (lab/phi.py's "fused" candidate; only lab/phi.py imports this file, and only when that
+kernel runs; an H200 timed it behind auto, so it lives in the lab): the top-k of logits = x @ W^T without ever writing the (rows, V) logits. It runs on CUDA, or on the CPU
 under Triton's interpreter (TRITON_INTERPRET=1, tests/test_phi_fused.py); elsewhere importing it is a ValueError,
 raised before Triton is imported.
 
