@@ -25,8 +25,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
 from discoloop import train_config
-from discoloop.checkpoint import (earlier_work, keep_copy, load_branch, load_branch_weights, load_for_resume, restore_training,
-                        resume_architecture, save_checkpoint)
+from discoloop.branch import load_branch, load_branch_weights
+from discoloop.checkpoint import earlier_work, keep_copy, load_for_resume, restore_training, resume_architecture, save_checkpoint
 from discoloop.common import (DTYPES, ERRORS, any_rank, autocast, die, out_of_memory, rank0_decides, resolve_device,
                     stop_on_signals)
 from configurator import configure

@@ -14,7 +14,7 @@ pytorch_model.bin[.index.json], read with weights_only (pickled objects are refu
 The folder decides its architecture: every GPTConfig key but CONTINUE_KEYS. A caller that sets an architecture key
 to another value (train.py: the command line, `--init_from=<folder>`; a config file's values give way) is a one-line
 ConfigError naming both values. A folder that says its head is tied but stores its own lm_head.weight loads untied,
-with a warning, as transformers loads it. Every error is a ValueError (common.py's classes), as a library's are. This is the one reader of such a folder (checkpoint.load_branch, eval_harness.py): whatever is
+with a warning, as transformers loads it. Every error is a ValueError (common.py's classes), as a library's are. This is the one reader of such a folder (branch.load_branch, eval_harness.py): whatever is
 wrong inside it (a missing or unreadable file, JSON of the wrong shape, a truncated or pickled weights file,
 weights that do not fit) is a one-line DataError naming the file. Callers catch ValueError.
 """
