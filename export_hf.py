@@ -101,9 +101,10 @@ def check_tokenizer(tok, enc, samples):
                             f"{theirs[:8]}...: not exported")
 
 
-# what an export writes: the only files a folder may hold for --overwrite=True to replace it
+# what an export writes (tests/test_export.py holds it to a written folder): the only files a folder may hold for
+# --overwrite=True to replace it (__pycache__: Python's, once the folder's code ran)
 EXPORT_FILES = {"config.json", "model.safetensors", "modeling_discoloop.py", "model.py", "kernels.py",
-                "muon.py", "configurator_renames.py", "tokenizer.json", "tokenizer_config.json", "__pycache__"}
+                "muon.py", "tokenizer.json", "tokenizer_config.json", "__pycache__"}
 
 
 def check_out_dir(out_dir, overwrite):

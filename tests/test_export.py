@@ -17,7 +17,9 @@ from conftest import REPO, run, tiny_train_args
 transformers = pytest.importorskip("transformers")
 torch.set_num_threads(1)  # tiny models: a second thread only contends with the other test worker
 from discoloop.checkpoint import save_checkpoint  # noqa: E402
-from export_hf import check_tokenizer, export  # noqa: E402
+from discoloop.common import MARK  # noqa: E402
+from export_hf import EXPORT_FILES, check_tokenizer, export  # noqa: E402
+from kernels import PHI_KERNELS  # noqa: E402
 from export_hf import tiktoken_to_hf as tiktoken_to_tokenizer  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 
@@ -48,6 +50,27 @@ def toy_checkpoint(path, seed=0, **overrides):
 def load_hf(folder, **kw):
     from transformers import AutoModelForCausalLM
     return AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True, **kw).eval()
+
+
+@pytest.mark.parametrize("kernel", [*PHI_KERNELS, "fused", "dense"])
+def test_an_export_of_every_phi_kernel_loads_offline(kernel, tmp_path):
+    """Every phi_kernel a checkpoint may carry, today's and the retired ones (fused: lab/phi_triton.py, read as auto
+    with a note), exports a folder of exactly EXPORT_FILES that loads with trust_remote_code and runs model.py's
+    logits ("compiled" is loaded only: Inductor would build for minutes on a CPU)."""
+    path = str(tmp_path / "ckpt.pt")
+    ref = toy_checkpoint(path, recurrence="disco", phi_topk=16)
+    ckpt = torch.load(path, weights_only=True)
+    ckpt["model_args"]["phi_kernel"] = ckpt["config"]["phi_kernel"] = kernel
+    del ckpt[MARK], ckpt["crc32"]
+    save_checkpoint(ckpt, path)
+    folder = export(path, str(tmp_path / "hf"))
+    assert set(os.listdir(folder)) == EXPORT_FILES - {"__pycache__"}
+    hf = load_hf(folder)
+    assert hf.config.phi_kernel == (kernel if kernel in PHI_KERNELS else "auto")
+    if kernel != "compiled":
+        idx = torch.randint(0, 257, (2, 48))
+        with torch.no_grad():
+            assert (hf(idx).logits - ref(idx)[0]).abs().max().item() <= 1e-5
 
 
 @pytest.mark.parametrize("case", list(CASES))
