@@ -18,8 +18,6 @@ from discoloop.compat import OLD_GATE_FILE
 from configurator import INT_GE1
 from discoloop.folder_owner import kind_of, owner, read_meta
 from model import COMPUTE_KEYS, GPT, Exit, GPTConfig
-from discoloop.shards import TokenShards
-from discoloop.qa_data import QAData
 from discoloop.tokenizer import HFEncoding, WordVocab, from_record, get_encoding
 
 
@@ -115,10 +113,12 @@ def load(ckpt_path, data_dir=None, raw=False, tokens_ok=False, split="val"):
         raise DataError(f"data_dir='{data_dir}' is not a {'token shard' if tokens else 'question-answer'} dataset "
                         f"({kind_of(meta)!r} data): the checkpoint was trained on one")
     if tokens:  # the same token ids: encoding, tokenizer file, tokenizer hash
+        from discoloop.shards import TokenShards  # here: a script that samples loads no dataset reader
         data = TokenShards(data_dir, split, meta)
         why = config_mismatch(made, meta.get("config", {}), ["encoding", "tiktoken_file", "tokenizer_file",
                                                              "tokenizer_sha256"])
     else:
+        from discoloop.qa_data import QAData  # here: a script that samples loads no dataset reader
         data = QAData(data_dir, meta=meta)
         why = config_mismatch(made, meta["config"], list(meta["config"]))
     if why or data.vocab_size > ckpt["model_args"]["vocab_size"]:

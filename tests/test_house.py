@@ -136,15 +136,25 @@ LINE_BUDGETS = {"model.py": 751,
 # (pretrained.py: only a branch from a folder imports it), which pays for ownership by a mark and the new policies
 # 4488 -> 4551 (issue 66): model.py written out without packing and with its one loop step (+91, LINE_BUDGETS)
 TRAIN_CLOSURE_BUDGET = 4551
+SAMPLE_CLOSURE_FILES = 14  # python sample.py: the model, the opened checkpoint, its tokenizer, no dataset reader
 CLOSURE = """import atexit, os, runpy, sys
 def report():
     files = {os.path.realpath(m.__file__) for m in list(sys.modules.values()) if getattr(m, "__file__", None)}
     ours = sorted(f for f in files if f.startswith(REPO + os.sep) and f.endswith(".py") and os.path.isfile(f))
     print("CLOSURE " + repr([os.path.relpath(f, REPO) for f in ours]), file=sys.stderr)
 atexit.register(report)
-sys.argv = ["train.py"] + sys.argv[1:]
-runpy.run_path("train.py", run_name="__main__")
+sys.argv = [SCRIPT] + sys.argv[1:]
+runpy.run_path(SCRIPT, run_name="__main__")
 """
+
+
+def closure(script, args):
+    """The project files a fresh interpreter has in sys.modules when `python script args` exits."""
+    r = subprocess.run([sys.executable, "-c", f"REPO = {REPO!r}\nSCRIPT = {script!r}\n" + CLOSURE, *args], cwd=REPO,
+                       capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": REPO})
+    line = [x for x in r.stderr.splitlines() if x.startswith("CLOSURE ")]
+    assert r.returncode == 0 and line, r.stderr[-2000:]
+    return ast.literal_eval(line[0][len("CLOSURE "):])
 
 
 def test_train_import_closure_budget(tiny_data, tmp_path):
@@ -152,14 +162,20 @@ def test_train_import_closure_budget(tiny_data, tmp_path):
     from conftest import TINY_DATA_ARGS, TINY_MODEL
     args = ["config/symbolic.py", f"--data_dir={tiny_data}", f"--out_dir={tmp_path / 'run'}", "--max_iters=0",
             f"--data_args={TINY_DATA_ARGS}"] + TINY_MODEL
-    r = subprocess.run([sys.executable, "-c", f"REPO = {REPO!r}\n" + CLOSURE, *args], cwd=REPO, capture_output=True,
-                       text=True, timeout=300, env={**os.environ, "PYTHONPATH": REPO})
-    line = [x for x in r.stderr.splitlines() if x.startswith("CLOSURE ")]
-    assert r.returncode == 0 and line, r.stderr[-2000:]
-    files = ast.literal_eval(line[0][len("CLOSURE "):])
+    files = closure("train.py", args)
     assert {"train.py", "model.py", "data/symbolic/prepare.py", "discoloop/prepare_tools.py"} <= set(files), files
     lines = sum(len(open(os.path.join(REPO, f)).read().splitlines()) for f in files)
     assert lines <= TRAIN_CLOSURE_BUDGET, f"a training run loads {lines} lines of project code over {files}"
+
+
+def test_sample_loads_no_dataset_reader(tiny_run):
+    """A script that samples opens a checkpoint, its tokenizer and the model: no shard or question-answer reader, no
+    prepare script, at most SAMPLE_CLOSURE_FILES project files."""
+    files = closure("sample.py", [f"--ckpt={tiny_run}", "--start=e0", "--max_new_tokens=2", "--threads=1"])
+    readers = {"discoloop/shards.py", "discoloop/qa_data.py", "discoloop/dataset.py"} & set(files)
+    assert not readers and not [f for f in files if f.startswith("data/")], files
+    modules = [f for f in files if not f.endswith("__init__.py")]  # the package's two-line docstring is no module
+    assert len(modules) <= SAMPLE_CLOSURE_FILES, f"python sample.py loads {len(modules)} project files: {files}"
 
 
 def test_line_budgets():
