@@ -178,6 +178,35 @@ def test_sample_loads_no_dataset_reader(tiny_run):
     assert len(modules) <= SAMPLE_CLOSURE_FILES, f"python sample.py loads {len(modules)} project files: {files}"
 
 
+# Reads per training start of a QA folder, counted, as budgets to lower (issue 66 asks for one each): meta.json 5 (the
+# prepare-on-first-use check: the lock's owner and the claim, both folder_owner.owner, which the ownership rewrite
+# owns; check_ours; qa_damaged; then open_data), each split file 2 (qa_damaged verifies it, then QAData reads it)
+META_READS, SPLIT_READS = 5, 2
+READS = """import builtins, collections, atexit, os, runpy, sys
+seen, real = collections.Counter(), builtins.open
+def counted(f, mode="r", *a, **k):
+    if isinstance(f, (str, os.PathLike)) and os.path.realpath(os.path.dirname(os.fspath(f))) == DATA and "r" in mode:
+        seen[os.path.basename(os.fspath(f))] += 1
+    return real(f, mode, *a, **k)
+builtins.open = counted
+atexit.register(lambda: print("READS " + repr(dict(seen)), file=sys.stderr))
+sys.argv = ["train.py"] + sys.argv[1:]
+runpy.run_path("train.py", run_name="__main__")
+"""
+
+
+def test_a_training_start_reads_meta_json_and_the_splits_within_budget(tiny_data, tmp_path):
+    from conftest import TINY_DATA_ARGS, TINY_MODEL
+    args = ["config/symbolic.py", f"--data_dir={tiny_data}", f"--out_dir={tmp_path / 'run'}", "--max_iters=1",
+            "--eval_interval=1", f"--data_args={TINY_DATA_ARGS}"] + TINY_MODEL
+    r = subprocess.run([sys.executable, "-c", f"DATA = {os.path.realpath(tiny_data)!r}\n" + READS, *args], cwd=REPO,
+                       capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": REPO})
+    line = [x for x in r.stderr.splitlines() if x.startswith("READS ")]
+    assert r.returncode == 0 and line, r.stderr[-2000:]
+    reads = ast.literal_eval(line[0][len("READS "):])
+    assert reads.pop("meta.json") <= META_READS and reads and all(n <= SPLIT_READS for n in reads.values()), reads
+
+
 def test_line_budgets():
     over = {name: n for name, limit in LINE_BUDGETS.items()
             if (n := len(open(os.path.join(REPO, name)).read().splitlines())) > limit}
