@@ -294,6 +294,24 @@ def plan_main(argv):
     return p
 
 
+def step_checks(c):
+    """bench.py step's refusals, before any work: (the variants, the device)."""
+    if c["json"] and c["plan_cache"] and os.path.realpath(c["json"]) == os.path.realpath(c["plan_cache"]):
+        die(f"json={c['json']!r} and plan_cache={c['plan_cache']!r} are one file: allowed two paths (a row log and a "
+            "cache of plans are different files)")
+    try:
+        names = c["variants"].split(",")
+        if not set(names) <= set(RECURRENCES) or len(set(names)) < len(names):
+            raise ConfigError(f"variants={c['variants']!r} is invalid: allowed a comma list of {tuple(RECURRENCES)}, "
+                              "each once")
+        for r in names:
+            GPTConfig.from_dict({**c, "recurrence": r})  # the model keys' one validator, before any work
+        device = setup(c["device"], c["threads"])
+    except (ConfigError, ValueError) as e:
+        die(e)
+    return names, device
+
+
 def step_main(argv):
     """bench.py step CONFIG [--variants=loop,disco] [--steps=10] [--json=FILE] [--plan_cache=FILE]: training steps of
     a config's real model on this device (random tokens, fused AdamW/Muon, the config's dtype, compile and
@@ -316,19 +334,7 @@ def step_main(argv):
                                                                  "json": OUTPUT, "plan_cache": OUTPUT},
                         unused={"cuda_graph": (lambda c: not c["cuda_graph"], "train.py (bench.py step times the eager "
                                                                                "step, without a CUDA graph)")})
-    if c["json"] and c["plan_cache"] and os.path.realpath(c["json"]) == os.path.realpath(c["plan_cache"]):
-        die(f"json={c['json']!r} and plan_cache={c['plan_cache']!r} are one file: allowed two paths (a row log and a "
-            "cache of plans are different files)")
-    try:
-        names = c["variants"].split(",")
-        if not set(names) <= set(RECURRENCES) or len(set(names)) < len(names):
-            raise ConfigError(f"variants={c['variants']!r} is invalid: allowed a comma list of {tuple(RECURRENCES)}, "
-                              "each once")
-        for r in names:
-            GPTConfig.from_dict({**c, "recurrence": r})  # the model keys' one validator, before any work
-        device = setup(c["device"], c["threads"])
-    except (ConfigError, ValueError) as e:
-        die(e)
+    names, device = step_checks(c)
     stop_on_signals()
     dtype = resolve_dtype(c["dtype"], device)
     try:

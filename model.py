@@ -18,7 +18,6 @@ loop; the head and Phi read it as it is. DiscoLoop's order is then: h = ln_f(f(H
 import functools
 import importlib
 import math
-import os
 from dataclasses import dataclass, fields
 
 import torch
@@ -190,12 +189,12 @@ CONTINUE_KEYS = ("block_size", "n_prelude", "n_coda", "recurrence", "n_loop", "d
                  "ponder_multiply_steps", "pos_shift", "dropout", "scaled_init", "label_smoothing", "loop_loss",
                  "loop_loss_weights", "loss_chunk", "activation_checkpointing")
 ARCH_KEYS = tuple(k for k in GPTConfig.defaults() if k not in CONTINUE_KEYS)
-# Keys that decide how the numbers are computed, never a weight (equal results: tests/test_phi.py, test_checkpointing.py):
-# where a checkpoint is opened (from_checkpoint.model_from_checkpoint) a value this machine cannot run is read as the
-# default, one note each. key -> (default, whether this machine runs the value)
-COMPUTE_KEYS = {"phi_kernel": ("auto", lambda v: v != "fused" or torch.cuda.is_available()
-                               or os.environ.get("TRITON_INTERPRET") == "1"),  # a Triton kernel: CUDA or its interpreter
-                "activation_checkpointing": ("none", lambda v: v != "auto")}  # 'auto' is resolved by a training run
+# Keys that decide how the numbers are computed, never a weight (equal results: tests/test_phi.py,
+# test_checkpointing.py): where a checkpoint is opened (from_checkpoint.model_from_checkpoint) a value this machine
+# cannot run is read as the default, one note each. key -> (default, whether this machine runs the value). Every
+# phi_kernel runs anywhere (the retired 'fused' is read as 'auto' by compat.RETIRED); 'auto' checkpointing is resolved
+# by a training run, never by a checkpoint
+COMPUTE_KEYS = {"activation_checkpointing": ("none", lambda v: v != "auto")}
 
 
 class RMSNorm(nn.Module):
@@ -357,7 +356,7 @@ class GPT(nn.Module):
     def from_pretrained(cls, folder, override_args=None, **overrides):
         """nanoGPT's entry point for a forker: a Hugging Face GPT-2/Llama/Qwen2 folder as a GPT through the project's
         pretrained.py, imported at call time, by name (model.py copied alone imports and runs without it)."""
-        pretrained = importlib.import_module("discoloop.pretrained")  # the house's one stated arrow up (tests/test_house.py)
+        pretrained = importlib.import_module("discoloop.pretrained")  # the one stated arrow up (test_house)
         return pretrained.from_pretrained(folder, **(override_args or {}), **overrides)
 
     def __init__(self, config):
@@ -745,7 +744,7 @@ class Exit:
     threshold: float = 0.9
     min_loops: int = 1  # no exit before this many loops
     loops: list = None  # each forward appends its (B, T) exit loops (blocks run: these x the looped layers)
-    score: object = None  # "gate": a learned exit's callable (h, p, p_k-1 or None) -> (B, T) in 0..1 (from_checkpoint.py's)
+    score: object = None  # "gate": a learned exit's callable (h, p, p_k-1 or None) -> (B, T) in 0..1 (from_checkpoint)
 
     def __post_init__(self):
         self.loops = []

@@ -81,7 +81,9 @@ def test_no_import_cycle():
 def test_model_and_common_stand_low():
     g = graph()
     assert g["model"] <= {"kernels", "muon"}, f"model.py imports {sorted(g['model'])}: a forker copies model.py + kernels.py"
-    assert not g["discoloop.common"] and not g["discoloop.compat"], "common.py, compat.py import nothing of ours"
+    # common.py reads the earlier commits' file forms from compat.py (ownership upgrades); compat.py is the floor
+    assert g["discoloop.common"] <= {"discoloop.compat"} and not g["discoloop.compat"], \
+        "common.py imports only compat.py, and compat.py nothing of ours"
     # kernels.py is the core's kernels only: the fused Triton decode is a lab candidate (lab/phi_triton.py, imported by
     # lab/phi.py alone), and nothing outside lab/ imports lab/
     assert not g["kernels"] and not g["lab.phi_triton"], f"kernels.py imports {sorted(g['kernels'])}"
@@ -128,8 +130,11 @@ def test_no_function_over_sixty_lines():
 # written out (about +45 lines), plus the loop's one body every caller runs (loop_step, +35 with its docstring:
 # hidden, so the probes' hooks, and speculative.py call it; none restates it), Exit owning its rule (settled) and sampling_probs
 # (+11). bench.py 550 -> 553: the pipelined decoder's row in `bench.py sample` (issue 67)
-LINE_BUDGETS = {"model.py": 751,
-                "train.py": 430, "README.md": 200, "kernels.py": 200, "bench.py": 553}
+# Then, merged with round 7 and the loop arms (issue 68, 67): model.py 751 -> 766 (COMPUTE_KEYS beside the keys it
+# names, loop_loss_weights and its one check, loop_loss's n_loop > 1), train.py 430 -> 440 (loop_sample's step_loops,
+# cuda_graph's note off CUDA), bench.py 553 -> 565 (step's refusals in step_checks, before any work)
+LINE_BUDGETS = {"model.py": 766,
+                "train.py": 440, "README.md": 200, "kernels.py": 200, "bench.py": 565}
 # Lines of project code a training run loads, counted as it runs (`python train.py config/symbolic.py`: the dataset
 # dispatch imports data/symbolic/prepare.py, which imports prepare_tools.py, by name at run time): raising it is a decision.
 # Issue 63 measured 4,488 at 082ca7f; since then a run from scratch or a resume loads no Hugging Face converter
