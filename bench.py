@@ -28,7 +28,7 @@ import torch
 from discoloop import train_config
 from kernels import topk_phi
 from discoloop.memory import AUTO_ORDER, GB, GPUS, auto_note, device_bytes, format_plan, pick_checkpointing, plan
-from discoloop.common import DTYPES, ERRORS, SYSTEM_CHECKS, ConfigError, autocast, die, owned, setup, table
+from discoloop.common import DTYPES, ERRORS, SYSTEM_CHECKS, ConfigError, autocast, die, setup, table
 from discoloop.bench_log import RowLog, cached_plan
 from configurator import INT_GE0, INT_GE1, OUTPUT, check_inert, configure
 from model import GPT, RECURRENCES, GPTConfig
@@ -256,7 +256,7 @@ def training_config(argv, name, doc, extra, checks, need_file=True, need_vocab=T
         if need_vocab and not c["vocab_size"]:
             raise ConfigError("vocab_size=0 (the dataset's) is unknown without the data: set --vocab_size")
         if c.get("json"):  # every such --json is a bench_log.RowLog: before any work, a pipe or a user's file is one line
-            owned(c["json"], "rows", "json", "extended")
+            RowLog.check(c["json"])
         return c
     except (ConfigError, ValueError) as e:
         die(e)

@@ -32,10 +32,12 @@ from discoloop.checkpoint import load_checkpoint
 from discoloop.from_checkpoint import (EXIT_CHECKS, EXIT_KEYS, beside_checkpoint, checkpoint_tokenizer, exit_option, folder_tokenizer,
                        model_from_checkpoint, trained_on_tokens)
 from model import Exit
-from discoloop.common import ERRORS, SYSTEM_CHECKS, CheckpointError, ConfigError, atomic_write, die, marked, owned
+from discoloop.common import ERRORS, SYSTEM_CHECKS, CheckpointError, ConfigError, atomic_write, die
+from discoloop.ownership import marked, owned
+from discoloop.folder_owner import hf_folder
 from configurator import INT_GE0, INT_GE1, OUTPUT, configure
 from discoloop.precision import resolve_dtype
-from discoloop.pretrained import from_pretrained, hf_folder, pretrained_architecture
+from discoloop.pretrained import from_pretrained, pretrained_architecture
 from discoloop import speculative
 from discoloop.speculative import SPEC_CHECKS, SPEC_KEYS, spec_option
 

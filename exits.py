@@ -29,8 +29,9 @@ import torch
 import torch.nn.functional as F
 
 from discoloop import plots
-from discoloop.common import (ERRORS, FIGURE_METADATA, SYSTEM_CHECKS, CheckpointError, ConfigError, DataError, atomic_write,
-                    autocast, die, marked, owned, setup, table)
+from discoloop.common import (ERRORS, SYSTEM_CHECKS, CheckpointError, ConfigError, DataError, atomic_write, autocast,
+                              die, setup, table)
+from discoloop.ownership import FIGURE_METADATA, marked, owned
 from configurator import INT_GE0, INT_GE1, OUTPUT, configure, num, one_of
 from discoloop.from_checkpoint import (ExitGate, beside_checkpoint, exit_option, gate_path, lead_pads, load, weights_crc)
 from model import Exit

@@ -22,11 +22,12 @@ import torch.nn.functional as F
 
 from discoloop.from_checkpoint import beside_checkpoint, lead_pads, load
 from discoloop import plots
-from discoloop.common import (ERRORS, FIGURE_METADATA, SYSTEM_CHECKS, CheckpointError, ConfigError, DataError, atomic_write, autocast,
-                    die, marked, owned, setup, table)
+from discoloop.common import (ERRORS, SYSTEM_CHECKS, CheckpointError, ConfigError, DataError, atomic_write, autocast,
+                              die, setup, table)
+from discoloop.ownership import FIGURE_METADATA, marked, owned
 from configurator import INT_GE1, OUTPUT, configure, num, one_of
 from discoloop.precision import resolve_dtype
-from discoloop.runlog import STOP_METRIC_CHECK
+from discoloop.curriculum import STOP_METRIC_CHECK
 from discoloop.qa_data import accuracy
 
 BRIDGE_POS = 1

@@ -6,7 +6,8 @@ and bench.py step's cache of memory plans (device-independent arithmetic, made o
 import json
 import os
 
-from discoloop.common import atomic_write, marked, owned, read_json, table
+from discoloop.common import atomic_write, read_json, table
+from discoloop.ownership import marked, owned
 from discoloop.memory import plan
 
 
@@ -14,8 +15,14 @@ class RowLog:
     """A results table printed a row at a time, each row also appended to a JSON-lines file as it comes (the first
     line the run's description): a run killed by a time limit keeps every row it finished."""
 
+    @staticmethod
+    def check(path):
+        """Whether a RowLog may write to path, asked before any work: only to a new file or one a RowLog began (its
+        first row's mark); a pipe or a user's file is one line (ownership.owned)."""
+        owned(path, "rows", "json", "extended")
+
     def __init__(self, header, path, meta):
-        owned(path, "rows", "json", "extended")  # only to a new file or one a RowLog began (its first row's mark)
+        self.check(path)
         self.header, self.path, self.records = header, path, {}
         print(table(header, []), flush=True)
         self.write(marked({"run": meta}, "rows"))
@@ -40,7 +47,7 @@ class RowLog:
 
 
 def read_plan_cache(path):
-    """The plan cache at path ({} if absent): a JSON object bench.py step wrote (common.owned: its mark), else one line
+    """The plan cache at path ({} if absent): a JSON object bench.py step wrote (ownership.owned: its mark), else one line
     (a user's file, a device, a pipe or a folder is never read as one nor overwritten)."""
     if not path or not owned(path, "plan cache", "plan_cache", "kept and extended"):
         return marked({}, "plan cache")

@@ -14,7 +14,8 @@ import zlib
 
 import torch
 
-from discoloop.common import CheckpointError, ConfigError, atomic_write, marked, not_regular, owned, tmp_name
+from discoloop.common import CheckpointError, ConfigError, atomic_write, not_regular, tmp_name
+from discoloop.ownership import marked, owned
 from discoloop.compat import renamed, retire, upgrade_checkpoint
 from configurator import COMMAND_LINE
 from discoloop.curriculum import joins_changed
@@ -44,7 +45,7 @@ def save_checkpoint(obj, path):
     """temp file + fsync + rename: a kill at any moment leaves either the old or the new file. A
     failed write (disk full) removes its temp file and raises a one-line CheckpointError."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    obj = marked(obj, "checkpoint")  # common.owned: only a file with the mark is ever replaced or deleted
+    obj = marked(obj, "checkpoint")  # ownership.owned: only a file with the mark is ever replaced or deleted
     obj = {**obj, "crc32": content_crc(obj)}
     try:
         atomic_write(path, lambda f: torch.save(obj, f), durable=True)
@@ -55,7 +56,7 @@ def save_checkpoint(obj, path):
 
 def earlier_work(out_dir, eval_only=False):
     """An earlier run's files in out_dir, which a new run deletes and a resume may replace: ckpt.pt and ckpt_<iter>.pt,
-    each carrying the project's mark (common.owned: a user's file of that name is one line, never touched), and a
+    each carrying the project's mark (ownership.owned: a user's file of that name is one line, never touched), and a
     non-empty metrics.jsonl (its first row's mark, or a checkpoint of ours beside it: a run before the mark).
     eval_only reads ckpt.pt and appends a row: it replaces nothing, so nothing is asked of the rest."""
     names = [n for n in sorted(os.listdir(out_dir)) if n == "ckpt.pt" or n[:5] + n[-3:] == "ckpt_.pt" and n[5:-3].isdigit()]

@@ -1,8 +1,8 @@
 """
-The shared plumbing every module may import (this one imports nothing of the project but compat.py, what earlier
-commits wrote): the one-line errors and `die`, which files are the project's (owned), atomic writes of files and
-folders, the table printer, the device rule (device="auto": CUDA if present, else MPS, else CPU) and the dtype names.
-What dtype="auto" picks: precision.py.
+The shared plumbing every module may import (this one imports nothing of the project: it is the floor): the one-line
+errors and `die`, what a path is (not_regular), atomic writes of files and folders, the table printer, the device rule
+(device="auto": CUDA if present, else MPS, else CPU) and the dtype names. Which files are the project's (the mark,
+owned): ownership.py. What dtype="auto" picks: precision.py.
 """
 import contextlib
 import hashlib
@@ -17,8 +17,6 @@ import sys
 import threading
 
 import torch
-
-from discoloop import compat
 
 
 # One-line errors: each names the bad value and what is allowed; scripts turn any of them into `die`.
@@ -113,68 +111,8 @@ def read_json(path):
     return obj
 
 
-# Ownership by a mark, not a name: every file the project may later replace, extend or delete carries MARK (a JSON
-# object's key, the first row's key of a JSON-lines file, a figure's Creator metadata, a checkpoint's key) whose value
-# starts with its writer's name. A user's file cannot carry it by accident; owned() is the one check every script makes
-# before any work. Folders are judged by what they hold (folder_owner.owner, whose proof of a run is its marked ckpt.pt).
-MARK = "discoloop_mark"
-FIGURE_METADATA = {"Creator": f"{MARK} figure"}  # savefig(metadata=...): PNG text, PDF Info and SVG metadata, uncompressed
-# The one table: writer (the mark's start) -> how its files are stored ('torch' dict, 'json' object, 'jsonl' whose first
-# row is marked, 'figure'). What earlier commits wrote before they carried this mark: compat.OLD_WRITERS, same names.
-OWNERS = {"checkpoint": "torch", "exit gate": "torch", "metrics": "jsonl", "rows": "jsonl", "plan cache": "json",
-          "probe.py": "json", "exits.py": "json", "eval_harness.py": "json", "figure": "figure"}
 _NOT_REGULAR = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a named pipe"), (stat.S_ISSOCK, "a socket"),
                 (stat.S_ISCHR, "a device"), (stat.S_ISBLK, "a device"))
-
-
-def marked(obj, writer):
-    """A JSON object or torch dict with the project's mark saying what wrote it (writer: OWNERS, or 'probe.py acc')."""
-    assert writer.split(" ")[0] in OWNERS or writer in OWNERS, writer
-    return {MARK: writer, **obj}
-
-
-def _keys(obj):  # a few of a file's keys, each short: a cache's keys are whole configurations
-    return [k if len(k) <= 40 else k[:37] + "..." for k in sorted(map(str, obj))[:4]]
-
-
-def _mark_of(obj, writer, container):
-    """None when obj carries the mark of `writer`, 'old' when it is that writer's file of an earlier commit (before the
-    mark: compat.OLD_WRITERS); else what it is, in a few words."""
-    if not isinstance(obj, dict):
-        return f"a {container} holding a {type(obj).__name__}"
-    mark = obj.get(MARK)
-    if mark is None and compat.old_writer(writer, obj):
-        return "old"
-    if not isinstance(mark, str):
-        return (f"a {container} object with keys {_keys(obj)} and no mark" if mark is None else
-                f"a {container} object whose {MARK!r} is {mark!r}, not the project's")
-    return None if mark.startswith(writer) else f"the project's {mark!r}, not a {writer!r} file"
-
-
-def _found(path, writer):
-    """None when the regular, non-empty file at path carries `writer`'s mark, 'old' when it is that writer's file of an
-    earlier commit; else what it holds, in a few words."""
-    form = OWNERS[writer]
-    if form == "figure":  # PNG and SVG write their metadata first, a PDF its Info dictionary last
-        with open(path, "rb") as f:
-            head = f.read(1 << 20)
-            f.seek(max(f.tell(), os.fstat(f.fileno()).st_size - (1 << 16)))
-            tail = f.read()
-        if FIGURE_METADATA["Creator"].encode() in head + tail:
-            return None
-        return "old" if compat.old_writer(writer, head) else "a file without the figure mark"
-    if form == "torch":
-        try:  # mmap: the pickle is read, the tensors are not; weights_only: nobody's code runs
-            obj = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-        except Exception as e:
-            return f"a file torch cannot read as a {writer} ({type(e).__name__})"
-        return _mark_of(obj, writer, "torch file")
-    try:
-        with open(path, encoding="utf-8") as f:
-            obj = json.loads(f.readline() if form == "jsonl" else f.read())
-    except (ValueError, UnicodeDecodeError):
-        return f"{'a first line' if form == 'jsonl' else 'text'} that is not JSON"
-    return _mark_of(obj, writer, "JSON-lines file whose first row is a" if form == "jsonl" else "JSON")
 
 
 def not_regular(path):
@@ -184,44 +122,6 @@ def not_regular(path):
     except OSError:
         return None
     return next((name for test, name in _NOT_REGULAR if test(mode)), None)
-
-
-_NOTED = set()
-
-
-def is_ours(path, writer):
-    """owned()'s decision without a word: whether the regular file at path is writer's, today's or an earlier commit's."""
-    return os.path.isfile(path) and _found(path, writer) in (None, "old")
-
-
-def owned(path, writer, key, verb="replaced"):
-    """May `writer` (OWNERS: 'checkpoint', 'probe.py', 'plan cache', ...) write the file at path, given as key=path?
-    True when it carries writer's mark, or is writer's file of an earlier commit (one note: it is replaced all the
-    same); False when path is absent or an empty regular file (either may be written). Anything else is a one-line
-    ConfigError naming key, path and what was found; a pipe, socket, device or folder is refused before it is opened
-    (a named pipe would block for ever)."""
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        return False  # new (a dangling link: its target is made)
-    except OSError as e:
-        raise ConfigError(f"{key}={path!r} cannot be read ({e.strerror}): choose another path") from None
-    is_ = not_regular(path)
-    if is_:
-        raise ConfigError(f"{key}={path!r} is {is_}, not a regular file: allowed a new path or a file this project "
-                          "wrote; choose another path")
-    if st.st_size == 0:
-        return False
-    found = _found(path, writer)
-    if found == "old":
-        if os.path.realpath(path) not in _NOTED:  # a script that checks twice says it once
-            _NOTED.add(os.path.realpath(path))
-            print(f"note: {key}={path!r} was written by an earlier commit of this project ({writer}, before today's "
-                  f"{MARK!r}): {verb}", file=sys.stderr)
-    elif found:
-        raise ConfigError(f"{key}={path!r} holds {found}: only a file this project wrote for this (its {MARK!r}) is "
-                          f"{verb}; left untouched, choose another path")
-    return True
 
 
 def atomic_write(path, content, durable=False):

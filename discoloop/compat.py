@@ -70,9 +70,9 @@ def old_folder(meta, generator, keys):
 OLD_GATE_FILE = "exit_gate.pt"
 
 
-# What earlier commits wrote where the project writes, before those files carried common.MARK (or under a mark of their
-# own), by writer (common.OWNERS): each a test true only of that writer's shape, so a user's file that merely shares a
-# key or a name stays refused. owned() replaces such a file with one note.
+# What earlier commits wrote where the project writes, before those files carried ownership.MARK (or under a mark of
+# their own), by writer (ownership.OWNERS): each a test true only of that writer's shape, so a user's file that merely
+# shares a key or a name stays refused. ownership.owned() replaces such a file with one note.
 def _old_probe(o):  # probe.py <= 082ca7f: {"probe": verb, <loop count or split>: {...} or [...], ...}
     return isinstance(o.get("probe"), str) and len(o) > 1 and all(isinstance(v, (dict, list)) for k, v in o.items()
                                                                   if k != "probe")

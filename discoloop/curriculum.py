@@ -3,7 +3,8 @@ The split_join curriculum, grammar and decisions in one place: a training split 
 iteration or when a rule on a validation metric first holds ('acc/val_id>=0.9'). The decisions are read
 from the metrics rows alone, so a resumed run joins exactly where the uninterrupted one did, and a resume
 may change a join only where it has not acted yet. (qa_data.QAData applies a join to its rows; train.py asks
-here when.)
+here when.) The other key that names a metric to steer by, stop_metric, is checked here too (STOP_METRIC_CHECK:
+a validation split only); the stop itself is read from the rows by runlog.early_stop_row.
 """
 import math
 import re
@@ -48,6 +49,15 @@ def valid_split_join(v):
 
 
 CHECK = (valid_split_join, "a dict {training split: iteration (an integer >= 0) or a rule such as 'acc/val_id>=0.9'}")
+
+
+def valid_stop_metric(v):  # the end point may be chosen by a validation split only (never train, never test)
+    return v == "" or v == "val_loss" or (v.count("/") == 1 and v.split("/")[0] in ("acc", "acc1", "loss")
+                                          and v.split("/")[1].startswith("val"))
+
+
+STOP_METRIC_CHECK = (valid_stop_metric, "'' or a validation metric such as 'acc/val_id', 'loss/val_id' or 'val_loss' "
+                                        "(a training or test split must not choose the end point)")
 
 
 def rule_metrics(split_join):

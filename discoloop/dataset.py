@@ -6,7 +6,7 @@ that is cheap. The one place that picks a prepare script by the dataset's name, 
     DEFAULTS      {key: default}: the script's arguments (its --help), out_dir among them
     CHECKS        {key: (predicate, what is allowed)}: each argument's one check (configurator.merge runs them)
     prepare(c)    makes c['out_dir'] (c: DEFAULTS merged with data_args) and records in its meta.json the `kind`
-                  (folder_owner.KINDS), the `generator` (the dataset's name) and the `config` it was made from
+                  (data_meta.KINDS), the `generator` (the dataset's name) and the `config` it was made from
     ON_FIRST_USE  True: train.py runs prepare() at every start (a no-op when the folder is this config's; question-
                   answer sets, seconds); False: only when data_args say how and the folder is not there (a corpus)
     KIND          optional, 'model': the script makes pretrained model folders (init_from=data/<name>/<folder>)
@@ -20,7 +20,8 @@ import os
 from discoloop.common import ConfigError, DataError, weights_fit
 from configurator import merge
 from discoloop.curriculum import check_against
-from discoloop.folder_owner import hf_folder, kind_of, read_meta
+from discoloop.folder_owner import hf_folder
+from discoloop.data_meta import kind_of, read_meta
 from model import RECURRENCES, GPTConfig
 from discoloop.shards import TokenData
 from discoloop.qa_data import QAData

@@ -13,10 +13,12 @@ import torch
 import torch.nn as nn
 
 from discoloop.checkpoint import config_mismatch, content_crc, load_checkpoint
-from discoloop.common import MARK, CheckpointError, ConfigError, DataError, not_regular, read_json
+from discoloop.common import CheckpointError, ConfigError, DataError, not_regular, read_json
+from discoloop.ownership import MARK
 from discoloop.compat import OLD_GATE_FILE
 from configurator import INT_GE1
-from discoloop.folder_owner import kind_of, owner, read_meta
+from discoloop.folder_owner import owner
+from discoloop.data_meta import kind_of, read_meta
 from model import COMPUTE_KEYS, GPT, Exit, GPTConfig
 from discoloop.tokenizer import HFEncoding, WordVocab, from_record, get_encoding
 

@@ -12,7 +12,8 @@ DataError naming it, raised before a figure is drawn.
 import json
 import os
 
-from discoloop.common import FIGURE_METADATA, ConfigError, DataError, table
+from discoloop.common import ConfigError, DataError, table
+from discoloop.ownership import FIGURE_METADATA
 from model import RECURRENCES
 from discoloop.runlog import early_stop_row, read_metrics
 
@@ -21,7 +22,7 @@ FIGURE_EXTENSIONS = (".png", ".pdf", ".svg")  # what --png may end with: formats
 
 def figure_path(path):
     """A figure path matplotlib writes by its suffix (a .txt used to fail after the work, with a traceback); whether a
-    file already there may be replaced is common.owned's (only a figure this project drew: its metadata's mark)."""
+    file already there may be replaced is ownership.owned's (only a figure this project drew: its metadata's mark)."""
     return path == "" or path.lower().endswith(FIGURE_EXTENSIONS)
 
 

@@ -17,7 +17,8 @@ import sys
 from discoloop.common import ERRORS, ConfigError, DataError, die, pip_download, tmp_name
 from discoloop.compat import ADDED_SINCE, TRUSTED_SINCE, old_folder
 from configurator import configure
-from discoloop.folder_owner import claim, kind_of, owner, read_meta
+from discoloop.folder_owner import claim, owner
+from discoloop.data_meta import kind_of, read_meta
 from discoloop.qa_data import read_verified
 
 

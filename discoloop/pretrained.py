@@ -26,7 +26,6 @@ import numpy as np
 import torch
 
 from discoloop.common import ConfigError, DataError, read_json, weights_fit
-from discoloop.folder_owner import hf_folder  # noqa: F401 (its readers import it from here too)
 from model import ARCH_KEYS, CONTINUE_KEYS, GPT, GPTConfig
 
 

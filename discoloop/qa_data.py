@@ -17,11 +17,11 @@ import numpy as np
 import torch
 
 from discoloop.common import DataError
-from discoloop.folder_owner import kind_of, read_meta
+from discoloop.data_meta import kind_of, read_meta
 
 
 def load_meta(data_dir, meta=None):
-    """meta.json of a question-answer folder (or `meta`, read already), checked to be one (fields: folder_owner.read_meta)."""
+    """meta.json of a question-answer folder (or `meta`, read already), checked to be one (fields: data_meta.read_meta)."""
     meta = read_meta(data_dir) if meta is None else meta
     if kind_of(meta) != "qa":
         raise DataError(f"'{data_dir}' holds {kind_of(meta)!r} data, not question-answer splits")
@@ -80,7 +80,7 @@ class QAData:
     uses, shared with shards.TokenData: vocab_size, config, seq_len, steps_per_epoch, get_batch, evaluate,
     metric_names."""
 
-    kind = "qa"  # as meta.json names it (folder_owner.KINDS): what train_config and tokenizer ask of opened data
+    kind = "qa"  # as meta.json names it (data_meta.KINDS): what train_config and tokenizer ask of opened data
     sparse_targets = True  # one answer token per question: the head runs on the answer rows alone (model.forward)
 
     def __init__(self, data_dir, block_size=None, split_join=None, stage1_splits="all", stage1_metrics=(),

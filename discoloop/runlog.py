@@ -10,7 +10,8 @@ import os
 import sys
 import time
 
-from discoloop.common import TMP_RE, DataError, RunError, atomic_write, marked
+from discoloop.common import TMP_RE, DataError, RunError, atomic_write
+from discoloop.ownership import marked
 from discoloop.curriculum import fired_joins
 from discoloop.folder_owner import claim
 
@@ -95,15 +96,6 @@ def write_atomic_json(path, obj):
     atomic_write(path, json.dumps(obj, indent=1))
 
 
-def valid_stop_metric(v):  # the end point may be chosen by a validation split only (never train, never test)
-    return v == "" or v == "val_loss" or (v.count("/") == 1 and v.split("/")[0] in ("acc", "acc1", "loss")
-                                          and v.split("/")[1].startswith("val"))
-
-
-STOP_METRIC_CHECK = (valid_stop_metric, "'' or a validation metric such as 'acc/val_id', 'loss/val_id' or 'val_loss' "
-                                        "(a training or test split must not choose the end point)")
-
-
 def early_stop_row(rows, metric, patience):
     """Index of the evaluation row at which a run with stop_metric=metric and stop_patience=patience
     stops (its best value, the first on ties, lies `patience` evaluations back), or None. A run that
@@ -162,7 +154,7 @@ class RunLog:
             resumes.append({"iter": iter_num, "at": time.strftime("%Y-%m-%d %H:%M:%S"), "changed": changes or {}})
         write_atomic_json(self.config_path, {**config, **facts, "resumes": resumes})
 
-    def append(self, row):  # the file's first row carries the project's mark (common.owned: whose file this is)
+    def append(self, row):  # the file's first row carries the project's mark (ownership.owned: whose file this is)
         append_metrics(self.metrics_path, row if self.rows else marked(row, "metrics"))
         self.rows.append(row)
         if self.wandb is not None:

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from discoloop.common import DataError, atomic_write, read_json
-from discoloop.folder_owner import read_meta
+from discoloop.data_meta import read_meta
 
 
 def check_whole(path, n_tokens, dtype):
@@ -130,7 +130,7 @@ class TokenData:
     """The train and val shards of a folder behind the interface train.py uses for every dataset
     (as qa_data.QAData): vocab_size, config, seq_len, steps_per_epoch, get_batch, evaluate, metric_names."""
 
-    kind = "tokens"  # as meta.json names it (folder_owner.KINDS)
+    kind = "tokens"  # as meta.json names it (data_meta.KINDS)
     sparse_targets = False  # a target at every position
 
     def __init__(self, data_dir, block_size, eval_batches, seed=0, meta=None):

@@ -10,7 +10,6 @@ from discoloop.common import SYSTEM_CHECKS, ConfigError
 from configurator import FOLDER, INT_GE0, INT_GE1, OUTPUT, check_inert, num, one_of
 from discoloop import curriculum
 from model import GPTConfig
-from discoloop.runlog import STOP_METRIC_CHECK
 
 _imported = set(globals())  # every name above is not a key
 # -----------------------------------------------------------------------------
@@ -121,7 +120,7 @@ CHECKS = {**SYSTEM_CHECKS,
           "ema_decay": num(0, 1, hi_open=True),
           "muon_momentum": num(0, 1, hi_open=True),
           "peak_flops": num(0),
-          "stop_metric": STOP_METRIC_CHECK,
+          "stop_metric": curriculum.STOP_METRIC_CHECK,
           "out_dir": FOLDER,
           "data_dir": FOLDER,
           "data_args": (_data_args, "a dict of the prepare script's arguments without 'out_dir' (data_dir is the folder)"),

@@ -228,7 +228,7 @@ def test_round5_a_file_key_made_inert_is_noted_and_recorded(tiny_data, tmp_path)
     ({"kind": "qa", "splits": {"train": {"file": "t.txt", "train": True}}, "vocab": ["a"], "config": []}, "config="),
 ])
 def test_meta_json_fields_are_read_checked(tmp_path, meta, needle):
-    """meta.json is read by one checked reader (folder_owner.read_meta): a field of the wrong type or shape, or one
+    """meta.json is read by one checked reader (data_meta.read_meta): a field of the wrong type or shape, or one
     missing, is one line naming the file and the field, never a KeyError or TypeError further on."""
     from discoloop.qa_data import QAData
     (tmp_path / "meta.json").write_text(json.dumps(meta))

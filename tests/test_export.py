@@ -17,7 +17,7 @@ from conftest import REPO, run, tiny_train_args
 transformers = pytest.importorskip("transformers")
 torch.set_num_threads(1)  # tiny models: a second thread only contends with the other test worker
 from discoloop.checkpoint import save_checkpoint  # noqa: E402
-from discoloop.common import MARK  # noqa: E402
+from discoloop.ownership import MARK  # noqa: E402
 from export_hf import EXPORT_FILES, check_tokenizer, export  # noqa: E402
 from kernels import PHI_KERNELS  # noqa: E402
 from export_hf import tiktoken_to_hf as tiktoken_to_tokenizer  # noqa: E402

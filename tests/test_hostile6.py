@@ -1,5 +1,5 @@
 """Hostile pass over round 6 (issue 63 item 6), as a careless or hostile user would try it: the project's mark
-(common.owned) against files with the project's names, links, pipes and each other's files; a resume's architecture;
+(ownership.owned) against files with the project's names, links, pipes and each other's files; a resume's architecture;
 retired kernels; the one inert-key rule; meta.json's 'hops'; data_args against hand-made shards; pretrained sizes;
 .ci/first_reached.py. Each test asserts the behaviour wanted (one line naming the file and the field, nothing lost,
 nothing hung, nothing silent); the ones at the end of the list are regressions that hold now."""
@@ -15,7 +15,8 @@ import torch
 
 from conftest import REPO, one_line, run, tiny_train_args
 
-from discoloop.common import FIGURE_METADATA, MARK, ConfigError, DataError, owned
+from discoloop.common import ConfigError, DataError
+from discoloop.ownership import FIGURE_METADATA, MARK, owned
 
 
 
@@ -147,7 +148,7 @@ def test_a_dangling_json_link_keeps_the_link(tiny_run, tmp_path):
 def test_meta_json_hops_names_the_split(tiny_data, tmp_path):
     """'hops' >= 1 is checked (regressions first), but the line names the field 'splits' and shows the first 60
     characters of the whole object (a valid split's), not which split's 'hops' is wrong."""
-    from discoloop.folder_owner import read_meta
+    from discoloop.data_meta import read_meta
     d = tmp_path / "data"
     shutil.copytree(tiny_data, d)
     meta = json.loads((d / "meta.json").read_text())

