@@ -1,0 +1,45 @@
+"""Issue 67 item 3: what each training arm makes of the early loops, on the same validation windows for every run.
+Per run and loop n = 1..K: validation loss (nats per token) of the head read after loop n, and how often loop n's top-1
+equals loop K's (teacher-forced: every position of the windows, the true prefix); the training log's final val_loss
+beside it. Each run's rows are printed and appended to --json the moment they are measured.
+
+    python .ci/arms_measure.py RUN [RUN ...] [--windows=64] [--json=FILE] [--data_dir=the runs' own]
+"""
+import json
+import os
+import sys
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from discoloop.checkpoint import load_checkpoint  # noqa: E402
+from discoloop.from_checkpoint import model_from_checkpoint  # noqa: E402
+from discoloop.shards import TokenShards  # noqa: E402
+
+runs = [a for a in sys.argv[1:] if not a.startswith("--")]
+opts = dict(a[2:].split("=", 1) for a in sys.argv[1:] if a.startswith("--"))
+W, out = int(opts.get("windows", 64)), opts.get("json", "")
+torch.set_num_threads(int(opts.get("threads", 1)))
+print("| run | final val_loss (log) | " + " | ".join(f"loop {n}: loss, top-1 = loop K" for n in (1, 2, 3, 4)) + " |")
+for run in runs:
+    ckpt = load_checkpoint(run)
+    m = model_from_checkpoint(ckpt).eval()
+    K, T = m.config.n_loop, m.config.block_size
+    X, Y = TokenShards(opts.get("data_dir", ckpt["config"]["data_dir"]), "val").windows(np.zeros(W, dtype=int), np.arange(W) * T, T)
+    rows = [json.loads(line) for line in open(os.path.join(run, "metrics.jsonl")) if line.strip()]
+    final = [r["val_loss"] for r in rows if "val_loss" in r][-1]
+    loss, top = [], []
+    with torch.no_grad():
+        for n in range(1, K + 1):
+            logits = torch.cat([m.head(m.hidden(X[i:i + 8], n_loop=n)).float() for i in range(0, W, 8)])
+            loss.append(F.cross_entropy(logits.flatten(0, 1), Y.flatten()).item())
+            top.append(logits.argmax(-1))
+    agree = [(t == top[-1]).float().mean().item() for t in top]
+    print(f"| {os.path.basename(run.rstrip('/'))} | {final:.4f} | "
+          + " | ".join(f"{l:.3f}, {a:.1%}" for l, a in zip(loss, agree)) + " |", flush=True)
+    if out:
+        with open(out, "a") as f:
+            f.write(json.dumps({"run": run, "final_val_loss": final, "loop_loss": loss, "agree_with_K": agree,
+                                "windows": W}) + "\n")
