@@ -27,7 +27,7 @@ FR = ".ci/first_reached.py"
 def test_plan_cache_never_rewrites_a_users_file(tmp_path, content):
     f = tmp_path / "mine.json"
     f.write_text(content)
-    one_line(run(STEP + ["--steps=0", f"--plan_cache={f}"]), "is replaced; left untouched")
+    one_line(run(STEP + ["--steps=0", f"--plan_cache={f}"]), "left untouched")
     assert f.read_text() == content
 
 

@@ -454,7 +454,7 @@ def test_train_auto_dtype_twice_gives_one_choice(tiny_data, tmp_path):
 
 
 def test_out_of_memory_anywhere_is_one_line():
-    code = "import common; raise RuntimeError('[enforce fail at alloc_cpu.cpp:118] DefaultCPUAllocator: can\\'t allocate memory')"
+    code = "import discoloop.common; raise RuntimeError('[enforce fail at alloc_cpu.cpp:118] DefaultCPUAllocator: can\\'t allocate memory')"
     r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
     assert r.returncode == 2 and "out of memory" in r.stderr and len(r.stderr.strip().splitlines()) == 1
 
