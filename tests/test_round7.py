@@ -182,3 +182,78 @@ def test_refusals_and_notes_of_this_turns_keys(tiny_data, tiny_run, tmp_path):
     rows[-1] = json.dumps({k: v for k, v in json.loads(rows[-1]).items() if k != "time"})
     (run_dir / "metrics.jsonl").write_text("\n".join(rows) + "\n")
     ok(run(["probe.py", "plot", str(run_dir), f"--png={tmp_path / 'c.png'}"]))
+
+
+@pytest.fixture(scope="module")
+def token_run(tmp_path_factory):
+    """Byte-level shards (prepare.py) and a tiny pretraining run on them (block_size 32, 2 loops)."""
+    d = tmp_path_factory.mktemp("r7_tokens")
+    ok(run(["data/pretrain/prepare.py", f"--out_dir={d / 'shards'}", "--encoding=bytes", "--num_proc=1",
+            "--data_files=synthetic:web", "--weights=1", "--max_tokens=20000", "--val_tokens=2000"]))
+    ok(run(["train.py", "config/pretrain_tiny.py", "--data_args={}", f"--data_dir={d / 'shards'}", f"--out_dir={d / 'run'}",
+            "--n_embd=32", "--n_head=2", "--n_layer=1", "--n_loop=2", "--block_size=32", "--batch_size=4",
+            "--gradient_accumulation_steps=1", "--max_iters=2", "--eval_interval=2", "--eval_iters=1", "--warmup_iters=1",
+            "--lr_decay_iters=2", "--phi_topk=0", "--phi_chunk=0", "--threads=1"]))
+    return d
+
+
+def cut_train_shard(src, dest, n):
+    """A copy of a shard folder whose training shard holds its first n tokens."""
+    import numpy as np
+    shutil.copytree(src, dest)
+    meta = json.loads((dest / "meta.json").read_text())
+    name = meta["shards"]["train"][0][0]
+    np.fromfile(dest / name, dtype=meta["dtype"])[:n].tofile(dest / name)
+    meta["shards"]["train"] = [[name, n]]
+    (dest / "meta.json").write_text(json.dumps(meta))
+    (dest / "max_token.json").unlink(missing_ok=True)
+    return dest
+
+
+def test_gate_on_training_shards_shorter_than_one_window(token_run, tmp_path):
+    """exits.py gate read no window of training shards shorter than block_size + 1 tokens: a TypeError."""
+    short = cut_train_shard(token_run / "shards", tmp_path / "short", 20)
+    one_line(run(["exits.py", "gate", f"--ckpt={token_run / 'run'}", f"--data_dir={short}", "--gate_iters=1"]),
+             "the train shards", "fewer than block_size=32 + 1 tokens", "(the longest: 20)")
+    assert not os.path.exists(token_run / "run" / "ckpt.exit_gate.pt")
+
+
+def test_job_ab_on_a_damaged_archive(tmp_path):
+    """A .tar.gz cut short (a copy that stopped): an EOFError traceback."""
+    import io
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as t:
+        data = os.urandom(200_000)  # incompressible: the cut falls inside the member
+        info = tarfile.TarInfo("train.py")
+        info.size = len(data)
+        t.addfile(info, io.BytesIO(data))
+    cut = tmp_path / "old.tar.gz"
+    cut.write_bytes(buf.getvalue()[:len(buf.getvalue()) // 2])
+    r = subprocess.run([__import__("sys").executable, ".ci/job_ab.py", str(cut), "--dry"], cwd=REPO,
+                       capture_output=True, text=True, timeout=120)
+    one_line(r, "is not a readable tar of a tree", "old.tar.gz")
+
+
+def test_a_max_token_cache_that_lies_is_named(token_run, tmp_path):
+    """max_token.json claims a smaller largest id than a shard holds, beside a lowered vocabulary: an IndexError deep
+    in the embedding; a claim past the vocabulary blamed the shard for the cache's lie."""
+    d = tmp_path / "lie"
+    shutil.copytree(token_run / "shards", d)
+    meta = json.loads((d / "meta.json").read_text())
+    (d / "meta.json").write_text(json.dumps({**meta, "vocab_size": 200}))
+    bins = [n for n in os.listdir(d) if n.endswith(".bin") and not n.startswith("pending")]
+
+    def claim(top):
+        (d / "max_token.json").write_text(json.dumps({n: [os.stat(d / n).st_size, os.stat(d / n).st_mtime_ns, top]
+                                                      for n in bins}))
+    claim(100)
+    args = ["train.py", "config/pretrain_tiny.py", "--data_args={}", f"--data_dir={d}", f"--out_dir={tmp_path / 'run'}",
+            "--vocab_size=200", "--phi_topk=0", "--phi_chunk=0", "--n_embd=32", "--n_head=2", "--n_layer=1",
+            "--block_size=32", "--batch_size=2", "--max_iters=1", "--threads=1"]
+    one_line(run(args), "max_token.json' is wrong about shard", "says the largest token id is 100",
+             "holds at least 256", f"delete '{d / 'max_token.json'}'")
+    (d / "meta.json").write_text(json.dumps(meta))  # the real vocabulary (257), a claim past it
+    claim(300)
+    one_line(run([a for a in args if a != "--vocab_size=200"]), "max_token.json' is wrong", "is 300", "holds 256")
+    (d / "max_token.json").unlink()  # remade as it says: the run goes on
+    ok(run([a for a in args if a != "--vocab_size=200"]))
