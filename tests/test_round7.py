@@ -257,3 +257,30 @@ def test_a_max_token_cache_that_lies_is_named(token_run, tmp_path):
     one_line(run([a for a in args if a != "--vocab_size=200"]), "max_token.json' is wrong", "is 300", "holds 256")
     (d / "max_token.json").unlink()  # remade as it says: the run goes on
     ok(run([a for a in args if a != "--vocab_size=200"]))
+
+
+def test_a_config_files_encoding_against_shards_of_a_tokenizer_file(tmp_path):
+    """A config file's data_args say encoding='bytes'; the shards were made with a tokenizer.json (their encoding field
+    the script's default, which the file overrides): the refusal named encoding='cl100k_base', which made nothing."""
+    import numpy as np
+    d = tmp_path / "shards"
+    d.mkdir()
+    for split in ("train", "val"):
+        (np.arange(600) % 61).astype(np.uint16).tofile(d / f"{split}_000000.bin")
+    made = {"data_files": "synthetic:web", "weights": "1", "encoding": "cl100k_base", "tokenizer_file": "/x/tokenizer.json",
+            "tokenizer_eot": "<eot>", "val_tokens": 600, "tokenizer_sha256": "0" * 64}
+    (d / "meta.json").write_text(json.dumps({"kind": "tokens", "generator": "pretrain", "dtype": "uint16", "vocab_size": 61,
+                                             "eot": 0, "encoding": "hf:tokenizer.json", "config": made, "shards": {
+                                                 "train": [["train_000000.bin", 600]], "val": [["val_000000.bin", 600]]}}))
+    cfg = tmp_path / "c.py"
+    cfg.write_text('exec(open("config/pretrain_tiny.py").read())\n'
+                   'data_args = {"data_files": "synthetic:web", "weights": "1", "encoding": "bytes", "val_tokens": 600}\n')
+    r = run(["train.py", str(cfg), f"--data_dir={d}", f"--out_dir={tmp_path / 'run'}", "--max_iters=0", "--threads=1"])
+    one_line(r, "encoding='bytes'", "made with tokenizer_file='/x/tokenizer.json'")
+    assert "cl100k_base" not in r.stderr
+    # the same tokenizer file: its encoding field decides nothing, so it is not compared
+    cfg.write_text('exec(open("config/pretrain_tiny.py").read())\ndata_args = {"data_files": "synthetic:web", "weights": '
+                   '"1", "encoding": "bytes", "tokenizer_file": "/x/tokenizer.json", "tokenizer_eot": "<eot>", '
+                   '"val_tokens": 600}\n')
+    r = run(["train.py", str(cfg), f"--data_dir={d}", f"--out_dir={tmp_path / 'run'}", "--max_iters=0", "--threads=1"])
+    one_line(r, "/x/tokenizer.json', which is not there now")  # the next check: the file itself
