@@ -284,3 +284,45 @@ def test_a_config_files_encoding_against_shards_of_a_tokenizer_file(tmp_path):
                    '"val_tokens": 600}\n')
     r = run(["train.py", str(cfg), f"--data_dir={d}", f"--out_dir={tmp_path / 'run'}", "--max_iters=0", "--threads=1"])
     one_line(r, "/x/tokenizer.json', which is not there now")  # the next check: the file itself
+
+
+def mc_task(folder):
+    """A local multiple-choice task (loglikelihood only: nothing is generated), 'r7_mc'."""
+    data = folder / "mc.jsonl"
+    data.write_text("".join(json.dumps(d) + "\n" for d in [
+        {"question": "The small cat sees the", "choices": [" dog.", " ==="], "label": 0}]))
+    (folder / "mc.yaml").write_text(f"""task: r7_mc
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+test_split: test
+output_type: multiple_choice
+doc_to_text: "{{{{question}}}}"
+doc_to_target: "{{{{label}}}}"
+doc_to_choice: "{{{{choices}}}}"
+metric_list:
+  - metric: acc
+""")
+    return folder
+
+
+def test_speculative_keys_on_a_task_that_only_scores(token_run, tmp_path):
+    """--speculative_draft_loops on a multiple-choice task: nothing is generated, so it changed nothing, silently."""
+    env = {"HF_DATASETS_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
+    r = run(["eval_harness.py", f"--ckpt={token_run / 'run'}", "--tasks=r7_mc", f"--include_path={mc_task(tmp_path)}",
+             f"--json={tmp_path / 'e.json'}", "--speculative_draft_loops=1", "--dtype=float32"], env=env)
+    one_line(r, "speculative_draft_loops=1 has no effect", "r7_mc", "multiple_choice", "generate_until")
+    assert not (tmp_path / "e.json").exists()
+
+
+def test_the_lm_eval_cli_checks_model_args_before_its_log_lines(token_run):
+    """`eval_harness.py lm_eval`: a value the model refuses (exit_min_loops past K, a draft as deep as the verifier, a
+    missing gate) came after the harness's log lines; a key the model does not take (a typo) was ignored."""
+    ck = token_run / "run"
+    for args, needles in ((f"ckpt={ck},exit_rule=prob,exit_min_loops=5", ["exit_min_loops=5"]),
+                          (f"ckpt={ck},speculative_draft_loops=5", ["speculative_draft_loops=5"]),
+                          (f"ckpt={ck},exit_rule=gate", ["exit gate", "not found"]),
+                          (f"ckpt={ck},n_lop=3", ["n_lop=3 is not a key", "n_loop"])):
+        r = run(["eval_harness.py", "lm_eval", "--model", "discoloop", "--model_args", args, "--tasks", "piqa"])
+        one_line(r, *needles)
