@@ -33,7 +33,7 @@ from discoloop.checkpoint import load_checkpoint
 from discoloop.from_checkpoint import (EXIT_CHECKS, EXIT_KEYS, beside_checkpoint, checkpoint_tokenizer, exit_option, folder_tokenizer,
                        model_from_checkpoint, trained_on_tokens)
 from model import Exit
-from discoloop.common import ERRORS, SYSTEM_CHECKS, CheckpointError, ConfigError, atomic_write, die
+from discoloop.common import ERRORS, SYSTEM_CHECKS, CheckpointError, ConfigError, atomic_write, check_writable, die
 from discoloop.ownership import marked, owned
 from discoloop.folder_owner import hf_folder
 from configurator import INT_GE0, INT_GE1, OUTPUT, configure
@@ -350,6 +350,7 @@ def main(argv):
             raise ConfigError("--ckpt=PATH is required (a checkpoint file or run folder)")
         path = c["json"] or beside_checkpoint(c["ckpt"], "eval_harness.json")  # decided before the evaluation
         owned(path, "eval_harness.py", "json")
+        check_writable(path, "pass --json=PATH somewhere writable")
         import lm_eval
         from lm_eval.tasks import TaskManager
         if c["threads"]:

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 
 from discoloop import plots
 from discoloop.common import (ERRORS, SYSTEM_CHECKS, CheckpointError, ConfigError, DataError, atomic_write, autocast,
-                              die, setup, table)
+                              check_writable, die, setup, table)
 from discoloop.ownership import FIGURE_METADATA, marked, owned
 from configurator import INT_GE0, INT_GE1, OUTPUT, configure, num, one_of
 from discoloop.from_checkpoint import (ExitGate, beside_checkpoint, exit_option, gate_path, lead_pads, load, weights_crc)
@@ -480,8 +480,12 @@ def main(argv):
     try:
         if verb == "gate":  # a file of this project's is replaced, a user's never (checked before the work)
             owned(gate_path(a["ckpt"]), "exit gate", "exit_gate")
+            check_writable(gate_path(a["ckpt"]), "the gate is written beside its checkpoint: copy the run folder "
+                                                 "somewhere writable")
         out = a["json"] or (beside_checkpoint(a["ckpt"], "exits.json") if verb == "" else "")  # before the work
         owned(out, "exits.py", "json")
+        if out:
+            check_writable(out, "pass --json=PATH somewhere writable")
         model, data = load(a["ckpt"], a["data_dir"], a["raw"], tokens_ok=True)
         with torch.no_grad(), autocast(device, resolve_dtype(a["dtype"], device)):
             res = VERBS[verb][0](model, data, a)

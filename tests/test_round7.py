@@ -326,3 +326,36 @@ def test_the_lm_eval_cli_checks_model_args_before_its_log_lines(token_run):
                           (f"ckpt={ck},n_lop=3", ["n_lop=3 is not a key", "n_loop"])):
         r = run(["eval_harness.py", "lm_eval", "--model", "discoloop", "--model_args", args, "--tasks", "piqa"])
         one_line(r, *needles)
+
+
+def test_outputs_that_cannot_be_written_are_refused_before_the_work(token_run, tmp_path, monkeypatch, capsys):
+    """exits.py gate (its gate beside the checkpoint), exits.py's and eval_harness.py's default JSON beside it: an
+    unwritable place was found only at the end. Root writes anywhere chmod allows nothing, so the place is under /proc
+    (no file can be made there) and the work itself is a trap."""
+    import eval_harness
+    import exits
+    from discoloop.common import check_writable
+    with pytest.raises(ConfigError, match="cannot write '/proc/discoloop-r7/x.json'.*somewhere"):
+        check_writable("/proc/discoloop-r7/x.json", "somewhere")
+    check_writable(str(tmp_path / "new" / "x.json"), "")  # made, and nothing left there
+    assert os.listdir(tmp_path / "new") == []
+
+    def work(*_, **__):
+        raise AssertionError("the work started")
+    monkeypatch.setattr(exits, "load", work)
+    monkeypatch.setattr(eval_harness, "DiscoLoopLM", work)
+    ck = str(token_run / "run")
+    for main, args, where in (
+            (exits.main, ["gate", f"--ckpt={ck}"], ("gate_path", "/proc/discoloop-r7/ckpt.exit_gate.pt")),
+            (exits.main, [f"--ckpt={ck}"], ("beside_checkpoint", "/proc/discoloop-r7/exits.json")),
+            (eval_harness.main, [f"--ckpt={ck}", "--tasks=r7_mc", f"--include_path={mc_task(tmp_path)}"],
+             ("beside_checkpoint", "/proc/discoloop-r7/eval_harness.json"))):
+        module = exits if main is exits.main else eval_harness
+        monkeypatch.setattr(module, where[0], lambda *_, p=where[1]: p)
+        with pytest.raises(SystemExit) as e:
+            main(args)
+        err = capsys.readouterr().err.strip()
+        assert e.value.code == 2 and len(err.splitlines()) == 1 and f"cannot write '{where[1]}'" in err, err
+    for args in (["exits.py", "gate", f"--ckpt={ck}"], ["exits.py", f"--ckpt={ck}"], ["eval_harness.py", f"--ckpt={ck}"]):
+        if "gate" not in args:  # an output under a regular file
+            one_line(run([*args, f"--json={token_run / 'run' / 'ckpt.pt' / 'x.json'}"]), "json=", "writable")
