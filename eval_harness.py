@@ -318,6 +318,17 @@ def check_speculative_tasks(spec_on, c, kinds):
                           "(generate_until tasks): allowed on a task that generates, or drop the speculative_* keys")
 
 
+def task_names(c, tm):
+    """(tm, the task names of --tasks), each known to the harness and fit for the speculative keys, before the model
+    and the tasks' data."""
+    tasks = c["tasks"].split(",")
+    unknown = [t for t in tasks if t not in tm.all_tasks]
+    if unknown:
+        raise ConfigError(f"unknown task(s) {unknown}; see `lm_eval --tasks list` or pass --include_path")
+    check_speculative_tasks(c["speculative_draft_loops"] or c["speculative_propose"], c, declared_output_types(tm, tasks))
+    return tm, tasks
+
+
 def passthrough_args(args):
     """The harness CLI's arguments for our model: its --device defaults to CUDA, so a machine without one gets
     --device=cpu unless asked otherwise, and a device= inside --model_args becomes --device (the harness
@@ -355,13 +366,7 @@ def main(argv):
         from lm_eval.tasks import TaskManager
         if c["threads"]:
             torch.set_num_threads(c["threads"])
-        tm = TaskManager(include_path=c["include_path"] or None)
-        tasks = c["tasks"].split(",")
-        unknown = [t for t in tasks if t not in tm.all_tasks]
-        if unknown:
-            raise ConfigError(f"unknown task(s) {unknown}; see `lm_eval --tasks list` or pass --include_path")
-        check_speculative_tasks(c["speculative_draft_loops"] or c["speculative_propose"], c,
-                                declared_output_types(tm, tasks))  # before the model and the tasks' data
+        tm, tasks = task_names(c, TaskManager(include_path=c["include_path"] or None))
         lm = DiscoLoopLM(c["ckpt"], n_loop=c["n_loop"], batch_size=c["batch_size"], device=c["device"], dtype=c["dtype"],
                          **{k: c[k] for k in (*EXIT_KEYS, *SPEC_KEYS)})
         try:  # the task data: from the hub's cache, or local files (--include_path)
