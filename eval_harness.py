@@ -14,6 +14,7 @@ import third-party modules, so `python eval_harness.py lm_eval ...` runs it with
 The tokenizer is the one the checkpoint records (a Hugging Face folder, read by pretrained.py: its tokenizer.json);
 one with ids past the model's rows is refused.
 """
+import inspect
 import json
 import os
 import sys
@@ -32,7 +33,7 @@ from discoloop.checkpoint import load_checkpoint
 from discoloop.from_checkpoint import (EXIT_CHECKS, EXIT_KEYS, beside_checkpoint, checkpoint_tokenizer, exit_option, folder_tokenizer,
                        model_from_checkpoint, trained_on_tokens)
 from model import Exit
-from discoloop.common import ERRORS, SYSTEM_CHECKS, CheckpointError, ConfigError, atomic_write, die
+from discoloop.common import ERRORS, SYSTEM_CHECKS, CheckpointError, ConfigError, atomic_write, check_writable, die
 from discoloop.ownership import marked, owned
 from discoloop.folder_owner import hf_folder
 from configurator import INT_GE0, INT_GE1, OUTPUT, configure
@@ -61,6 +62,31 @@ def folder_tokenizer_first(path):
     return folder_tokenizer(path, pretrained_architecture(path)[1]["vocab_size"])
 
 
+def open_model(ckpt, n_loop=None, exit_rule="", exit_threshold=-1, exit_min_loops=1, speculative_draft_loops=0,
+               speculative_len=4, speculative_propose=0, speculative_recheck=0):
+    """(tokenizer, model, n_loop or None, exits, speculative options) of a checkpoint (or a Hugging Face folder), every
+    option checked against the model: what DiscoLoopLM evaluates, opened once (check_model_args: before the harness
+    CLI's log lines)."""
+    if hf_folder(ckpt):  # e.g. the pretrained model a looped one was continued from (data/smollm2/out)
+        enc = folder_tokenizer_first(ckpt)
+        model = from_pretrained(ckpt)
+    else:
+        ck = load_checkpoint(ckpt) if isinstance(ckpt, str) else ckpt
+        enc = encoding_for(ck)  # before the model is built: a question-answer checkpoint is one line
+        model = model_from_checkpoint(ck)
+    model.eval()
+    n_loop = int(n_loop) if n_loop not in (None, "", 0, "0") else None
+    K = model.config.n_loop
+    if n_loop is not None and (n_loop < 1 or (model.rec.copies and n_loop > K)):
+        raise ConfigError(f"n_loop={n_loop} is invalid: allowed 0 (the trained K={K}) or 1.."
+                          f"{K if model.rec.copies else 'any'} for recurrence={model.config.recurrence!r}")
+    exits = exit_option(exit_rule, exit_threshold, exit_min_loops, model, n_loop,
+                        ckpt if isinstance(ckpt, str) else None)  # 'gate': the gate beside the checkpoint
+    spec = spec_option(int(speculative_draft_loops), int(speculative_len), model, n_loop, exits,
+                       propose=int(speculative_propose), recheck=int(speculative_recheck))
+    return enc, model, n_loop, exits, spec
+
+
 @register_model("discoloop")
 class DiscoLoopLM(TemplateLM):
     def __init__(self, ckpt, n_loop=None, batch_size=16, device="auto", dtype="auto", max_gen_toks=256, exit_rule="",
@@ -68,23 +94,13 @@ class DiscoLoopLM(TemplateLM):
                  speculative_propose=0, speculative_recheck=0, **_):
         super().__init__()
         self.dev = resolve_device(device)
-        if hf_folder(ckpt):  # e.g. the pretrained model a looped one was continued from (data/smollm2/out)
-            self.enc = folder_tokenizer_first(ckpt)
-            model = from_pretrained(ckpt)
-        else:
-            ck = (CHECKED.pop(ckpt, None) or load_checkpoint(ckpt)) if isinstance(ckpt, str) else ckpt
-            self.enc = encoding_for(ck)  # before the model is built: a question-answer checkpoint is one line
-            model = model_from_checkpoint(ck)
+        opts = dict(n_loop=n_loop, exit_rule=exit_rule, exit_threshold=exit_threshold, exit_min_loops=exit_min_loops,
+                    speculative_draft_loops=speculative_draft_loops, speculative_len=speculative_len,
+                    speculative_propose=speculative_propose, speculative_recheck=speculative_recheck)
+        held = CHECKED.pop(ckpt, None) if isinstance(ckpt, str) else None  # opened by check_model_args with these
+        self.enc, model, self.n_loop, self.exits, self.spec = (
+            held[1] if held and held[0] == opts else open_model(ckpt, **opts))
         self.model = model.to(self.dev).eval()
-        self.n_loop = int(n_loop) if n_loop not in (None, "", 0, "0") else None
-        K = self.model.config.n_loop
-        if self.n_loop is not None and (self.n_loop < 1 or (self.model.rec.copies and self.n_loop > K)):
-            raise ConfigError(f"n_loop={self.n_loop} is invalid: allowed 0 (the trained K={K}) or 1.."
-                              f"{K if self.model.rec.copies else 'any'} for recurrence={self.model.config.recurrence!r}")
-        self.exits = exit_option(exit_rule, exit_threshold, exit_min_loops, self.model, self.n_loop,
-                                 ckpt if isinstance(ckpt, str) else None)  # 'gate': the gate beside the checkpoint
-        self.spec = spec_option(int(speculative_draft_loops), int(speculative_len), self.model, self.n_loop, self.exits,
-                                propose=int(speculative_propose), recheck=int(speculative_recheck))
         self.loops = [0, 0]  # adaptive depth: loops run by the scored inputs' tokens, and how many tokens
         self.batch = int(batch_size)
         self.max_gen_toks = int(max_gen_toks)
@@ -253,12 +269,64 @@ def check_model_args(args):
                               f"{kv.get('exit_threshold', -1)!r}: {e}") from None
     if "dtype" in kv and not SYSTEM_CHECKS["dtype"][0](kv["dtype"]):
         raise ConfigError(f"--model_args dtype={kv['dtype']!r} is invalid: allowed {SYSTEM_CHECKS['dtype'][1]}")
-    if hf_folder(kv["ckpt"]):
-        folder_tokenizer_first(kv["ckpt"])
-    else:
-        ck = load_checkpoint(kv["ckpt"])
-        encoding_for(ck)
-        CHECKED[kv["ckpt"]] = ck
+    from lm_eval.utils import simple_parse_args_string  # the harness's own reading of --model_args
+    parsed = simple_parse_args_string(opts.get("--model_args", ""))
+    allowed = set(inspect.signature(DiscoLoopLM.__init__).parameters) - {"self", "_"}
+    unknown = sorted(set(parsed) - allowed)
+    if unknown:  # DiscoLoopLM takes **_ (the harness's own batch_size, device, ...): a typo would be ignored
+        raise ConfigError(f"--model_args {unknown[0]}={parsed[unknown[0]]!r} is not a key of the discoloop model: allowed "
+                          f"{', '.join(sorted(allowed))}")
+    keys = {k: p.default for k, p in inspect.signature(open_model).parameters.items() if k != "ckpt"}
+    o = {k: parsed.get(k, v) for k, v in keys.items()}
+    CHECKED[kv["ckpt"]] = (o, open_model(kv["ckpt"], **o))  # every option against the model, then kept for the harness
+
+
+def leaf_tasks(loaded):
+    """The tasks of get_task_dict's answer, groups (nested dicts) opened."""
+    for v in loaded.values():
+        yield from leaf_tasks(v) if isinstance(v, dict) else [v]
+
+
+def declared_output_types(tm, tasks):
+    """{output_type} the tasks' YAML files declare (includes followed, nothing loaded), or None where one cannot be
+    told so (a group, a tag, a Python task, another harness version): then the loaded tasks say it."""
+    try:
+        from lm_eval.tasks._yaml_loader import load_yaml
+        kinds = set()
+        for t in tasks:
+            entry = tm.task_index[t]
+            path = entry.get("yaml_path") if isinstance(entry, dict) else getattr(entry, "yaml_path", None)
+            kind = load_yaml(path, resolve_func=False).get("output_type") if path else None
+            if kind is None or str(getattr(entry, "kind", "task")).lower().split(".")[-1] not in ("task",):
+                return None
+            kinds.add(kind)
+        return kinds
+    except Exception:  # noqa: BLE001 (the harness's internals: the check after loading still holds)
+        return None
+
+
+def check_speculative_tasks(spec_on, c, kinds):
+    """speculative_* keys act on generated text alone (generate_until): on tasks that only score (loglikelihood,
+    multiple choice) they would change nothing, so they are refused (the inert-key rule) before the evaluation.
+    kinds: the tasks' output types (None: not known yet)."""
+    if not spec_on or kinds is None:
+        return
+    if "generate_until" not in kinds:
+        typed = ", ".join(f"{k}={c[k]}" for k in SPEC_KEYS if c[k] != DEFAULTS[k])
+        raise ConfigError(f"{typed} has no effect: task(s) {c['tasks'].split(',')} only score text "
+                          f"({', '.join(sorted(str(k) for k in kinds))}), and speculative decoding acts on generated text "
+                          "(generate_until tasks): allowed on a task that generates, or drop the speculative_* keys")
+
+
+def task_names(c, tm):
+    """(tm, the task names of --tasks), each known to the harness and fit for the speculative keys, before the model
+    and the tasks' data."""
+    tasks = c["tasks"].split(",")
+    unknown = [t for t in tasks if t not in tm.all_tasks]
+    if unknown:
+        raise ConfigError(f"unknown task(s) {unknown}; see `lm_eval --tasks list` or pass --include_path")
+    check_speculative_tasks(c["speculative_draft_loops"] or c["speculative_propose"], c, declared_output_types(tm, tasks))
+    return tm, tasks
 
 
 def passthrough_args(args):
@@ -293,17 +361,14 @@ def main(argv):
             raise ConfigError("--ckpt=PATH is required (a checkpoint file or run folder)")
         path = c["json"] or beside_checkpoint(c["ckpt"], "eval_harness.json")  # decided before the evaluation
         owned(path, "eval_harness.py", "json")
+        check_writable(path, "pass --json=PATH somewhere writable")
         import lm_eval
         from lm_eval.tasks import TaskManager
         if c["threads"]:
             torch.set_num_threads(c["threads"])
+        tm, tasks = task_names(c, TaskManager(include_path=c["include_path"] or None))
         lm = DiscoLoopLM(c["ckpt"], n_loop=c["n_loop"], batch_size=c["batch_size"], device=c["device"], dtype=c["dtype"],
                          **{k: c[k] for k in (*EXIT_KEYS, *SPEC_KEYS)})
-        tm = TaskManager(include_path=c["include_path"] or None)
-        tasks = c["tasks"].split(",")
-        unknown = [t for t in tasks if t not in tm.all_tasks]
-        if unknown:
-            raise ConfigError(f"unknown task(s) {unknown}; see `lm_eval --tasks list` or pass --include_path")
         try:  # the task data: from the hub's cache, or local files (--include_path)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", DeprecationWarning)
@@ -319,6 +384,8 @@ def main(argv):
         empty = [t for t, task in loaded.items() if hasattr(task, "eval_docs") and len(task.eval_docs) == 0]
         if empty:  # the harness would fail far from the cause (a division by zero in its metrics)
             raise ConfigError(f"task(s) {empty} have no examples to evaluate (an empty data file?)")
+        check_speculative_tasks(lm.spec is not None, c, {getattr(t, "OUTPUT_TYPE", None) or getattr(
+            getattr(t, "config", None), "output_type", None) for t in leaf_tasks(loaded)})  # what the YAMLs did not tell
         res = lm_eval.simple_evaluate(model=lm, tasks=tasks, task_manager=tm, num_fewshot=0, limit=c["limit"] or None)
     except (*ERRORS, ValueError) as e:
         die(e)

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 
 from discoloop import plots
 from discoloop.common import (ERRORS, SYSTEM_CHECKS, CheckpointError, ConfigError, DataError, atomic_write, autocast,
-                              die, setup, table)
+                              check_writable, die, setup, table)
 from discoloop.ownership import FIGURE_METADATA, marked, owned
 from configurator import INT_GE0, INT_GE1, OUTPUT, configure, num, one_of
 from discoloop.from_checkpoint import (ExitGate, beside_checkpoint, exit_option, gate_path, lead_pads, load, weights_crc)
@@ -128,11 +128,20 @@ def rates(c):
             "mean_loops": float(c[4] / c[3])}  # plain floats: the gate file is read with weights_only
 
 
+def window_starts(shards, T, split):
+    """[(shard, start token)] of every window of T tokens (and the next token) over the shards of one split; none (every
+    shard shorter than one window) is one line."""
+    starts = [(s, i) for s, size in enumerate(shards.sizes) for i in range(0, int(size) - T, T)]
+    if not starts:
+        raise DataError(f"the {split} shards of '{shards.data_dir}' hold fewer than block_size={T} + 1 tokens "
+                        f"(the longest: {int(max(shards.sizes))}): no window; allowed shards longer than the checkpoint's "
+                        "block_size (prepare more tokens)")
+    return starts
+
+
 def val_windows(val, T, n, last=False):
     """((X, Y) of the first (last) n windows of T tokens over the val shards (n = 0: all of them), how many there are)."""
-    starts = [(s, i) for s, size in enumerate(val.sizes) for i in range(0, int(size) - T, T)]
-    if not starts:  # every val shard shorter than one window
-        raise DataError(f"the val shards of '{val.data_dir}' hold fewer than block_size={T} + 1 tokens: no window")
+    starts = window_starts(val, T, "val")
     chosen = (starts[-n:] if last else starts[:n]) if n else starts
     return val.windows(*map(np.array, zip(*chosen)), T), len(starts)
 
@@ -320,7 +329,8 @@ def gate_data(model, data, a):
     g = torch.Generator().manual_seed(a["seed"])
     if isinstance(data, TokenShards):
         T, train = model.config.block_size, TokenShards(data.data_dir, "train", data.meta)  # meta.json read once
-        starts = [(s, i) for s, size in enumerate(train.sizes) for i in range(0, int(size) - T, T)]
+        starts = window_starts(train, T, "train")
+        window_starts(data, T, "val")  # both refused before the training rows are made
         pick = torch.randperm(len(starts), generator=g, device="cpu")[:math.ceil(a["gate_tokens"] / T)].tolist()
         X, Y = train.windows(*map(np.array, zip(*[starts[j] for j in sorted(pick)])), T)
         (VX, VY), n = val_windows(data, T, a["calib_windows"], last=True)
@@ -470,8 +480,12 @@ def main(argv):
     try:
         if verb == "gate":  # a file of this project's is replaced, a user's never (checked before the work)
             owned(gate_path(a["ckpt"]), "exit gate", "exit_gate")
+            check_writable(gate_path(a["ckpt"]), "the gate is written beside its checkpoint: copy the run folder "
+                                                 "somewhere writable")
         out = a["json"] or (beside_checkpoint(a["ckpt"], "exits.json") if verb == "" else "")  # before the work
         owned(out, "exits.py", "json")
+        if out:
+            check_writable(out, "pass --json=PATH somewhere writable")
         model, data = load(a["ckpt"], a["data_dir"], a["raw"], tokens_ok=True)
         with torch.no_grad(), autocast(device, resolve_dtype(a["dtype"], device)):
             res = VERBS[verb][0](model, data, a)

@@ -20,6 +20,7 @@ import sys
 import tarfile
 import tempfile
 import time
+import zlib
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VARIANTS = {"old": [], "new": [], "graph": ["--cuda_graph=True"]}
@@ -46,7 +47,7 @@ def tree(old, work):
         try:
             with tarfile.open(old) as t:
                 t.extractall(dest, filter="data")
-        except (tarfile.TarError, OSError) as e:
+        except (tarfile.TarError, OSError, EOFError, zlib.error) as e:  # EOFError, zlib.error: a cut or damaged .gz
             bad(f"OLD={old!r} is not a readable tar of a tree ({(str(e).splitlines() or [type(e).__name__])[0]})")
     if not os.path.isfile(os.path.join(dest, "train.py")):
         bad(f"OLD={old!r} holds no train.py: allowed a commit, a folder or a tar of this project's tree")

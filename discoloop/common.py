@@ -14,6 +14,7 @@ import signal
 import stat
 import subprocess
 import sys
+import tempfile
 import threading
 
 import torch
@@ -122,6 +123,20 @@ def not_regular(path):
     except OSError:
         return None
     return next((name for test, name in _NOT_REGULAR if test(mode)), None)
+
+
+def check_writable(path, hint):
+    """An output written at the end of a script's work, proven writable before the work: its folder made and a file
+    made and removed there (os.access says yes to root on any folder; a read-only mount or a file in the way says
+    no). One ConfigError line naming the path, and `hint`, what to do."""
+    folder = os.path.dirname(os.path.abspath(path))
+    try:
+        os.makedirs(folder, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=folder, prefix=".writable-")
+        os.close(fd)
+        os.remove(probe)
+    except OSError as e:
+        raise ConfigError(f"cannot write '{path}' ({e.strerror or type(e).__name__}): {hint}") from None
 
 
 def atomic_write(path, content, durable=False):

@@ -85,8 +85,9 @@ def check_made_with(defaults, data_args, have, data_dir):
         raise ConfigError(f"data_args key {unknown[0]!r} is not an argument of this dataset's prepare script: allowed "
                           f"{sorted(k for k in defaults if k != 'out_dir')}")
     want = {**defaults, **data_args}
+    skip = check_tokenizer_made_with(want, data_args, have, data_dir)
     for k in [*data_args, *(k for k in have if k not in data_args)]:
-        if k not in have or k not in want or k == "out_dir":
+        if k not in have or k not in want or k == "out_dir" or k in skip:
             continue
         v, h = want[k], have[k]
         same_path = isinstance(v, str) and isinstance(h, str) and v and h and os.path.abspath(v) == os.path.abspath(h)
@@ -95,6 +96,31 @@ def check_made_with(defaults, data_args, have, data_dir):
             raise ConfigError(f"data_args {k}={v!r}{said}, but data_dir '{data_dir}' holds shards made with {k}={h!r}: "
                               "a corpus is prepared once, so data_args would be ignored; allowed the folder's value, "
                               "another data_dir, or --data_args={} (the folder as it is)")
+
+
+def check_tokenizer_made_with(want, data_args, have, data_dir):
+    """The tokenizer first, as a whole: a tokenizer_file decides the ids whatever `encoding` says, so data_args that
+    name another tokenizer than the shards' (encoding='bytes' against shards of a tokenizer.json) are refused naming
+    both, and where both sides name the same tokenizer file their `encoding` fields are not compared. Returns the
+    fields settled here."""
+    if "encoding" not in have and not have.get("tokenizer_file"):
+        return set()
+
+    def key(c):  # what decides the ids
+        return ("file", os.path.abspath(c["tokenizer_file"])) if c.get("tokenizer_file") else ("encoding", c.get("encoding"))
+
+    def words(c, given, other_file):  # given: the data_args (their defaults are said), None for the folder's record
+        note = lambda k: " (the script's default where data_args are silent)" if given is not None and k not in given else ""
+        if c.get("tokenizer_file"):
+            return f"tokenizer_file={c['tokenizer_file']!r}{note('tokenizer_file')}"
+        enc = f"encoding={c.get('encoding')!r}{note('encoding')}"
+        return f"tokenizer_file=''{note('tokenizer_file')} and {enc}" if other_file and "tokenizer_file" in c else enc
+    if key(want) != key(have):
+        raise ConfigError(f"data_args {words(want, data_args, bool(have.get('tokenizer_file')))}, but data_dir "
+                          f"'{data_dir}' holds shards made with {words(have, None, bool(want.get('tokenizer_file')))}: "
+                          "a corpus is prepared once, so data_args would be ignored; allowed the folder's tokenizer, "
+                          "another data_dir, or --data_args={} (the folder as it is)")
+    return {"encoding", "tokenizer_file"} if want.get("tokenizer_file") else {"encoding"}
 
 
 def prepare_weights(path):

@@ -48,7 +48,7 @@ class TokenShards:
             st = os.stat(path)
             key = [st.st_size, st.st_mtime_ns]
             if cache.get(name, [None])[:2] == key:
-                top = cache[name][2]
+                top = trusted_max(data_dir, name, arr, cache[name][2], self.meta["vocab_size"])
             else:
                 top = max((int(arr[i:i + 2**24].max()) for i in range(0, len(arr), 2**24)), default=0)
                 cache[name], scanned = key + [top], True
@@ -80,6 +80,29 @@ class TokenShards:
         xy = torch.from_numpy(np.stack([np.asarray(self.arrays[s][i:i + T + 1], dtype=np.int64)
                                         for s, i in zip(shard, start)]))  # (B, T + 1); ids checked at load
         return xy[:, :-1], xy[:, 1:]
+
+
+SPOT = 2**16  # tokens at each end of a shard checked against max_token.json's claim at every open
+
+
+def trusted_max(data_dir, name, arr, claim, vocab_size):
+    """The largest id max_token.json claims for a shard, once it survives two checks: the shard's first and last SPOT
+    tokens hold none larger (a claim too small would let an id past the vocabulary reach the embedding), and a claim
+    at or past the vocabulary is the shard's own (scanned again: the error path only). A claim shown false is one line
+    naming max_token.json, the culprit, and how to remake it."""
+    seen = max(int(arr[:SPOT].max(initial=0)), int(arr[-SPOT:].max(initial=0)))
+    real = None
+    if claim >= vocab_size:  # about to blame the shard: make sure it is the shard, not the cache
+        real = max((int(arr[i:i + 2**24].max()) for i in range(0, len(arr), 2**24)), default=0)
+    elif seen <= claim:
+        return claim
+    if real is not None and (real == claim or real >= vocab_size):
+        return real  # the shard's own id: the shard is named
+    path = os.path.join(data_dir, "max_token.json")
+    holds = f"holds {real}" if real is not None else f"holds at least {seen}"
+    raise DataError(f"'{path}' is wrong about shard '{name}': it says the largest token id is {claim}, the shard {holds} "
+                    f"(the vocabulary: {vocab_size}); a stale or edited cache: delete '{path}' and the shards are "
+                    "scanned again (it is remade) at the next start")
 
 
 def read_max_cache(data_dir):

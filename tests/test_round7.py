@@ -182,3 +182,180 @@ def test_refusals_and_notes_of_this_turns_keys(tiny_data, tiny_run, tmp_path):
     rows[-1] = json.dumps({k: v for k, v in json.loads(rows[-1]).items() if k != "time"})
     (run_dir / "metrics.jsonl").write_text("\n".join(rows) + "\n")
     ok(run(["probe.py", "plot", str(run_dir), f"--png={tmp_path / 'c.png'}"]))
+
+
+@pytest.fixture(scope="module")
+def token_run(tmp_path_factory):
+    """Byte-level shards (prepare.py) and a tiny pretraining run on them (block_size 32, 2 loops)."""
+    d = tmp_path_factory.mktemp("r7_tokens")
+    ok(run(["data/pretrain/prepare.py", f"--out_dir={d / 'shards'}", "--encoding=bytes", "--num_proc=1",
+            "--data_files=synthetic:web", "--weights=1", "--max_tokens=20000", "--val_tokens=2000"]))
+    ok(run(["train.py", "config/pretrain_tiny.py", "--data_args={}", f"--data_dir={d / 'shards'}", f"--out_dir={d / 'run'}",
+            "--n_embd=32", "--n_head=2", "--n_layer=1", "--n_loop=2", "--block_size=32", "--batch_size=4",
+            "--gradient_accumulation_steps=1", "--max_iters=2", "--eval_interval=2", "--eval_iters=1", "--warmup_iters=1",
+            "--lr_decay_iters=2", "--phi_topk=0", "--phi_chunk=0", "--threads=1"]))
+    return d
+
+
+def cut_train_shard(src, dest, n):
+    """A copy of a shard folder whose training shard holds its first n tokens."""
+    import numpy as np
+    shutil.copytree(src, dest)
+    meta = json.loads((dest / "meta.json").read_text())
+    name = meta["shards"]["train"][0][0]
+    np.fromfile(dest / name, dtype=meta["dtype"])[:n].tofile(dest / name)
+    meta["shards"]["train"] = [[name, n]]
+    (dest / "meta.json").write_text(json.dumps(meta))
+    (dest / "max_token.json").unlink(missing_ok=True)
+    return dest
+
+
+def test_gate_on_training_shards_shorter_than_one_window(token_run, tmp_path):
+    """exits.py gate read no window of training shards shorter than block_size + 1 tokens: a TypeError."""
+    short = cut_train_shard(token_run / "shards", tmp_path / "short", 20)
+    one_line(run(["exits.py", "gate", f"--ckpt={token_run / 'run'}", f"--data_dir={short}", "--gate_iters=1"]),
+             "the train shards", "fewer than block_size=32 + 1 tokens", "(the longest: 20)")
+    assert not os.path.exists(token_run / "run" / "ckpt.exit_gate.pt")
+
+
+def test_job_ab_on_a_damaged_archive(tmp_path):
+    """A .tar.gz cut short (a copy that stopped): an EOFError traceback."""
+    import io
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as t:
+        data = os.urandom(200_000)  # incompressible: the cut falls inside the member
+        info = tarfile.TarInfo("train.py")
+        info.size = len(data)
+        t.addfile(info, io.BytesIO(data))
+    cut = tmp_path / "old.tar.gz"
+    cut.write_bytes(buf.getvalue()[:len(buf.getvalue()) // 2])
+    r = subprocess.run([__import__("sys").executable, ".ci/job_ab.py", str(cut), "--dry"], cwd=REPO,
+                       capture_output=True, text=True, timeout=120)
+    one_line(r, "is not a readable tar of a tree", "old.tar.gz")
+
+
+def test_a_max_token_cache_that_lies_is_named(token_run, tmp_path):
+    """max_token.json claims a smaller largest id than a shard holds, beside a lowered vocabulary: an IndexError deep
+    in the embedding; a claim past the vocabulary blamed the shard for the cache's lie."""
+    d = tmp_path / "lie"
+    shutil.copytree(token_run / "shards", d)
+    meta = json.loads((d / "meta.json").read_text())
+    (d / "meta.json").write_text(json.dumps({**meta, "vocab_size": 200}))
+    bins = [n for n in os.listdir(d) if n.endswith(".bin") and not n.startswith("pending")]
+
+    def claim(top):
+        (d / "max_token.json").write_text(json.dumps({n: [os.stat(d / n).st_size, os.stat(d / n).st_mtime_ns, top]
+                                                      for n in bins}))
+    claim(100)
+    args = ["train.py", "config/pretrain_tiny.py", "--data_args={}", f"--data_dir={d}", f"--out_dir={tmp_path / 'run'}",
+            "--vocab_size=200", "--phi_topk=0", "--phi_chunk=0", "--n_embd=32", "--n_head=2", "--n_layer=1",
+            "--block_size=32", "--batch_size=2", "--max_iters=1", "--threads=1"]
+    one_line(run(args), "max_token.json' is wrong about shard", "says the largest token id is 100",
+             "holds at least 256", f"delete '{d / 'max_token.json'}'")
+    (d / "meta.json").write_text(json.dumps(meta))  # the real vocabulary (257), a claim past it
+    claim(300)
+    one_line(run([a for a in args if a != "--vocab_size=200"]), "max_token.json' is wrong", "is 300", "holds 256")
+    (d / "max_token.json").unlink()  # remade as it says: the run goes on
+    ok(run([a for a in args if a != "--vocab_size=200"]))
+
+
+def test_a_config_files_encoding_against_shards_of_a_tokenizer_file(tmp_path):
+    """A config file's data_args say encoding='bytes'; the shards were made with a tokenizer.json (their encoding field
+    the script's default, which the file overrides): the refusal named encoding='cl100k_base', which made nothing."""
+    import numpy as np
+    d = tmp_path / "shards"
+    d.mkdir()
+    for split in ("train", "val"):
+        (np.arange(600) % 61).astype(np.uint16).tofile(d / f"{split}_000000.bin")
+    made = {"data_files": "synthetic:web", "weights": "1", "encoding": "cl100k_base", "tokenizer_file": "/x/tokenizer.json",
+            "tokenizer_eot": "<eot>", "val_tokens": 600, "tokenizer_sha256": "0" * 64}
+    (d / "meta.json").write_text(json.dumps({"kind": "tokens", "generator": "pretrain", "dtype": "uint16", "vocab_size": 61,
+                                             "eot": 0, "encoding": "hf:tokenizer.json", "config": made, "shards": {
+                                                 "train": [["train_000000.bin", 600]], "val": [["val_000000.bin", 600]]}}))
+    cfg = tmp_path / "c.py"
+    cfg.write_text('exec(open("config/pretrain_tiny.py").read())\n'
+                   'data_args = {"data_files": "synthetic:web", "weights": "1", "encoding": "bytes", "val_tokens": 600}\n')
+    r = run(["train.py", str(cfg), f"--data_dir={d}", f"--out_dir={tmp_path / 'run'}", "--max_iters=0", "--threads=1"])
+    one_line(r, "encoding='bytes'", "made with tokenizer_file='/x/tokenizer.json'")
+    assert "cl100k_base" not in r.stderr
+    # the same tokenizer file: its encoding field decides nothing, so it is not compared
+    cfg.write_text('exec(open("config/pretrain_tiny.py").read())\ndata_args = {"data_files": "synthetic:web", "weights": '
+                   '"1", "encoding": "bytes", "tokenizer_file": "/x/tokenizer.json", "tokenizer_eot": "<eot>", '
+                   '"val_tokens": 600}\n')
+    r = run(["train.py", str(cfg), f"--data_dir={d}", f"--out_dir={tmp_path / 'run'}", "--max_iters=0", "--threads=1"])
+    one_line(r, "/x/tokenizer.json', which is not there now")  # the next check: the file itself
+
+
+def mc_task(folder):
+    """A local multiple-choice task (loglikelihood only: nothing is generated), 'r7_mc'."""
+    data = folder / "mc.jsonl"
+    data.write_text("".join(json.dumps(d) + "\n" for d in [
+        {"question": "The small cat sees the", "choices": [" dog.", " ==="], "label": 0}]))
+    (folder / "mc.yaml").write_text(f"""task: r7_mc
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+test_split: test
+output_type: multiple_choice
+doc_to_text: "{{{{question}}}}"
+doc_to_target: "{{{{label}}}}"
+doc_to_choice: "{{{{choices}}}}"
+metric_list:
+  - metric: acc
+""")
+    return folder
+
+
+def test_speculative_keys_on_a_task_that_only_scores(token_run, tmp_path):
+    """--speculative_draft_loops on a multiple-choice task: nothing is generated, so it changed nothing, silently."""
+    env = {"HF_DATASETS_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
+    r = run(["eval_harness.py", f"--ckpt={token_run / 'run'}", "--tasks=r7_mc", f"--include_path={mc_task(tmp_path)}",
+             f"--json={tmp_path / 'e.json'}", "--speculative_draft_loops=1", "--dtype=float32"], env=env)
+    one_line(r, "speculative_draft_loops=1 has no effect", "r7_mc", "multiple_choice", "generate_until")
+    assert not (tmp_path / "e.json").exists()
+
+
+def test_the_lm_eval_cli_checks_model_args_before_its_log_lines(token_run):
+    """`eval_harness.py lm_eval`: a value the model refuses (exit_min_loops past K, a draft as deep as the verifier, a
+    missing gate) came after the harness's log lines; a key the model does not take (a typo) was ignored."""
+    ck = token_run / "run"
+    for args, needles in ((f"ckpt={ck},exit_rule=prob,exit_min_loops=5", ["exit_min_loops=5"]),
+                          (f"ckpt={ck},speculative_draft_loops=5", ["speculative_draft_loops=5"]),
+                          (f"ckpt={ck},exit_rule=gate", ["exit gate", "not found"]),
+                          (f"ckpt={ck},n_lop=3", ["n_lop=3 is not a key", "n_loop"])):
+        r = run(["eval_harness.py", "lm_eval", "--model", "discoloop", "--model_args", args, "--tasks", "piqa"])
+        one_line(r, *needles)
+
+
+def test_outputs_that_cannot_be_written_are_refused_before_the_work(token_run, tmp_path, monkeypatch, capsys):
+    """exits.py gate (its gate beside the checkpoint), exits.py's and eval_harness.py's default JSON beside it: an
+    unwritable place was found only at the end. Root writes anywhere chmod allows nothing, so the place is under /proc
+    (no file can be made there) and the work itself is a trap."""
+    import eval_harness
+    import exits
+    from discoloop.common import check_writable
+    with pytest.raises(ConfigError, match="cannot write '/proc/discoloop-r7/x.json'.*somewhere"):
+        check_writable("/proc/discoloop-r7/x.json", "somewhere")
+    check_writable(str(tmp_path / "new" / "x.json"), "")  # made, and nothing left there
+    assert os.listdir(tmp_path / "new") == []
+
+    def work(*_, **__):
+        raise AssertionError("the work started")
+    monkeypatch.setattr(exits, "load", work)
+    monkeypatch.setattr(eval_harness, "DiscoLoopLM", work)
+    ck = str(token_run / "run")
+    for main, args, where in (
+            (exits.main, ["gate", f"--ckpt={ck}"], ("gate_path", "/proc/discoloop-r7/ckpt.exit_gate.pt")),
+            (exits.main, [f"--ckpt={ck}"], ("beside_checkpoint", "/proc/discoloop-r7/exits.json")),
+            (eval_harness.main, [f"--ckpt={ck}", "--tasks=r7_mc", f"--include_path={mc_task(tmp_path)}"],
+             ("beside_checkpoint", "/proc/discoloop-r7/eval_harness.json"))):
+        module = exits if main is exits.main else eval_harness
+        monkeypatch.setattr(module, where[0], lambda *_, p=where[1]: p)
+        with pytest.raises(SystemExit) as e:
+            main(args)
+        err = capsys.readouterr().err.strip()
+        assert e.value.code == 2 and len(err.splitlines()) == 1 and f"cannot write '{where[1]}'" in err, err
+    for args in (["exits.py", "gate", f"--ckpt={ck}"], ["exits.py", f"--ckpt={ck}"], ["eval_harness.py", f"--ckpt={ck}"]):
+        if "gate" not in args:  # an output under a regular file
+            one_line(run([*args, f"--json={token_run / 'run' / 'ckpt.pt' / 'x.json'}"]), "json=", "writable")
