@@ -67,20 +67,23 @@ def test_greedy_is_generate_token_for_token(recurrence, kw):
         assert spec.accepted + spec.rounds == BLOCK - 4 and 0 < spec.accepted < spec.drafted, spec
 
 
-def test_stop_max_new_tokens_and_short_prompts():
+@pytest.mark.parametrize("for_stop,for_short", [(lambda: Speculative(1, 5), lambda: Speculative(2, 3)),
+                                                   (lambda: Pipeline(1, 2), lambda: Pipeline(1))],
+                         ids=["draft-then-verify", "pipelined"])
+def test_stop_max_new_tokens_and_short_prompts(for_stop, for_short):
     """stop ends it at the same token (mid-round too); one new token; a one-token prompt; n_loop past K and a
-    tokenizer's n_vocab below the model's rows."""
+    tokenizer's n_vocab below the model's rows: each decoder as plain greedy generation."""
     model = make("disco", phi_topk=5)
     prompt = torch.tensor([[3, 7, 1]])
     full = model.generate(prompt, 18, temperature=0)
     for at in (4, 9, 13):
         def stop(y, tok=int(full[0, at])):
             return int(y[0, -1]) == tok
-        assert torch.equal(speculative.generate(model, prompt, 18, Speculative(1, 5), temperature=0, stop=stop),
+        assert torch.equal(speculative.generate(model, prompt, 18, for_stop(), temperature=0, stop=stop),
                            model.generate(prompt, 18, temperature=0, stop=stop))
     for p, n, kw in ((prompt, 1, {}), (prompt[:, :1], 12, {}), (prompt, 12, {"n_loop": 5}),
                      (prompt, 12, {"n_vocab": 9})):
-        assert torch.equal(speculative.generate(model, p, n, Speculative(2, 3), temperature=0, **kw),
+        assert torch.equal(speculative.generate(model, p, n, for_short(), temperature=0, **kw),
                            model.generate(p, n, temperature=0, **kw)), (p, n, kw)
 
 
@@ -261,20 +264,6 @@ def test_pipelined_greedy_is_generate_token_for_token(recurrence, kw):
         speculative.generate(make("none"), prompt, 4, Pipeline(1), temperature=0)
     assert "\n" not in str(e.value)
 
-
-def test_pipelined_stop_and_short_prompts():
-    model = make("disco", phi_topk=5)
-    prompt = torch.tensor([[3, 7, 1]])
-    full = model.generate(prompt, 18, temperature=0)
-    for at in (4, 9, 13):
-        def stop(y, tok=int(full[0, at])):
-            return int(y[0, -1]) == tok
-        assert torch.equal(speculative.generate(model, prompt, 18, Pipeline(1, 2), temperature=0, stop=stop),
-                           model.generate(prompt, 18, temperature=0, stop=stop))
-    for p, n, kw in ((prompt, 1, {}), (prompt[:, :1], 12, {}), (prompt, 12, {"n_loop": 5}),
-                     (prompt, 12, {"n_vocab": 9})):
-        assert torch.equal(speculative.generate(model, p, n, Pipeline(1), temperature=0, **kw),
-                           model.generate(p, n, temperature=0, **kw)), (p, n, kw)
 
 
 @pytest.mark.parametrize("recurrence,kw", [CASES[2], CASES[6], CASES[7], CASES[9]], ids=IDS[2:3] + IDS[6:8] + IDS[9:10])
