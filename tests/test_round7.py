@@ -359,3 +359,19 @@ def test_outputs_that_cannot_be_written_are_refused_before_the_work(token_run, t
     for args in (["exits.py", "gate", f"--ckpt={ck}"], ["exits.py", f"--ckpt={ck}"], ["eval_harness.py", f"--ckpt={ck}"]):
         if "gate" not in args:  # an output under a regular file
             one_line(run([*args, f"--json={token_run / 'run' / 'ckpt.pt' / 'x.json'}"]), "json=", "writable")
+
+
+def test_a_resume_from_before_a_key_reads_it_as_its_default(tiny_data, tiny_run, tmp_path):
+    """A checkpoint older than loop_sample (its config without the key) was trained with its default: a resume that
+    types --loop_sample=0.5 changed how the weights train, silently (a key the checkpoint lacks was not compared)."""
+    from discoloop.checkpoint import save_checkpoint
+    old = tmp_path / "old"
+    shutil.copytree(tiny_run, old)
+    ck = torch.load(old / "ckpt.pt", weights_only=True)
+    ck = {k: v for k, v in ck.items() if k not in ("crc32", MARK)}
+    ck["config"] = {k: v for k, v in ck["config"].items() if k != "loop_sample"}
+    save_checkpoint(ck, str(old / "ckpt.pt"))
+    resume = tiny_train_args(tiny_data, str(old), "--max_iters=6", "--eval_interval=2", "--recurrence=loop",
+                             "--init_from=resume")
+    one_line(run([*resume, "--loop_sample=0.5"]), "loop_sample: the checkpoint was trained with 0.0", "now 0.5")
+    ok(run(resume))  # the default continues it
