@@ -134,7 +134,9 @@ def spec_option(draft_loops, length, model, n_loop=None, exits=None, use_cache=T
     decoders at once, a proposal as deep as the verifier, exits beside it, no cache, or 'none' pipelined."""
     K = n_loop or model.config.n_loop
     if not draft_loops and int(length) != SPEC_KEYS["speculative_len"]:
-        raise ConfigError(f"speculative_len={length!r} has no effect with speculative decoding off: "
+        raise ConfigError(f"speculative_len={length!r} has no effect with speculative_propose={propose}: the pipelined "
+                          "decoder has no draft length (speculative_len is speculative_draft_loops'): drop it"
+                          if propose else f"speculative_len={length!r} has no effect with speculative decoding off: "
                           f"speculative_draft_loops=1..{max(K - 1, 1)} turns it on")
     if not propose and recheck:
         raise ConfigError(f"speculative_recheck={recheck!r} has no effect without pipelining: "

@@ -375,3 +375,15 @@ def test_a_resume_from_before_a_key_reads_it_as_its_default(tiny_data, tiny_run,
                              "--init_from=resume")
     one_line(run([*resume, "--loop_sample=0.5"]), "loop_sample: the checkpoint was trained with 0.0", "now 0.5")
     ok(run(resume))  # the default continues it
+
+
+def test_a_draft_length_beside_the_pipelined_decoder():
+    """--speculative_propose=1 --speculative_len=8: refused as 'with speculative decoding off', which it is not."""
+    from discoloop.speculative import spec_option
+    from model import GPT, GPTConfig
+    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, n_loop=3, vocab_size=16, block_size=8, recurrence="loop"))
+    with pytest.raises(ConfigError, match=r"speculative_len=8 has no effect with speculative_propose=1: the pipelined") as e:
+        spec_option(0, 8, model, propose=1)
+    assert "off" not in str(e.value)
+    with pytest.raises(ConfigError, match="speculative decoding off"):
+        spec_option(0, 8, model)
