@@ -387,3 +387,14 @@ def test_a_draft_length_beside_the_pipelined_decoder():
     assert "off" not in str(e.value)
     with pytest.raises(ConfigError, match="speculative decoding off"):
         spec_option(0, 8, model)
+
+
+@pytest.mark.parametrize("script", [".ci/arms_measure.py", ".ci/pipeline_measure.py"])
+def test_the_measure_scripts_name_a_missing_run(script, tmp_path):
+    """A developer script given a run folder that is not there: a traceback ending in CheckpointError (arms_measure.py
+    after printing its table's header); no run at all: exit 0, nothing measured."""
+    import sys
+    for args, needle in (([str(tmp_path / "nope")], "nope' is neither a checkpoint"), ([], "no run given")):
+        r = subprocess.run([sys.executable, script, *args], cwd=REPO, capture_output=True, text=True, timeout=120)
+        assert r.returncode != 0 and "Traceback" not in r.stderr and needle in r.stderr and "usage:" in r.stderr, r.stderr
+        assert r.stdout == "", r.stdout
