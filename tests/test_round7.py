@@ -398,3 +398,12 @@ def test_the_measure_scripts_name_a_missing_run(script, tmp_path):
         r = subprocess.run([sys.executable, script, *args], cwd=REPO, capture_output=True, text=True, timeout=120)
         assert r.returncode != 0 and "Traceback" not in r.stderr and needle in r.stderr and "usage:" in r.stderr, r.stderr
         assert r.stdout == "", r.stdout
+
+
+def test_loop_sample_without_loops_names_what_is_missing(tiny_data, tmp_path):
+    """--recurrence=loop --n_loop=1 --loop_sample=0.5: the refusal said 'not recurrence='loop'', blaming the recurrence
+    the user had right and not the n_loop=1 that made the key inert."""
+    r = run(tiny_train_args(tiny_data, str(tmp_path / "r"), "--max_iters=1", "--recurrence=loop", "--n_loop=1",
+                            "--loop_sample=0.5"))
+    one_line(r, "loop_sample=0.5 has no effect", "n_loop > 1 (now 1)")
+    assert "not recurrence='loop'" not in r.stderr
