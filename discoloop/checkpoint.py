@@ -120,11 +120,10 @@ RESUMABLE = ("max_iters", "eval_interval", "keep_every", "log_interval", "eval_i
 
 
 def resume_changes(saved, config, saved_dtype):
-    """({key: [checkpoint's, now]} for the keys this resume changes, None) or (None, a one-line reason it
-    may not). A key newer than the checkpoint reads as its default (the older behaviour: a typed other value
-    changes what the weights were trained with); dtype may be 'auto' or the precision the checkpoint was trained in."""
-    from discoloop.train_config import defaults  # train_config imports what imports this module
-    saved = {**{k: v for k, v in defaults().items() if k in config}, **saved}
+    """({key: [checkpoint's, now]} this resume changes, None) or (None, a one-line reason it may not). A key newer than
+    the checkpoint reads as its default (its older behaviour); dtype may be 'auto' or the precision it was trained in."""
+    from discoloop.train_config import defaults  # here: only a resume reads training keys (sample.py loads none)
+    saved = {**defaults(), **saved}
     changed = {}
     for k, now in config.items():
         if (k not in saved or saved[k] == now or k in ("init_from", "overwrite", "eval_only")  # how it is invoked
