@@ -407,3 +407,10 @@ def test_loop_sample_without_loops_names_what_is_missing(tiny_data, tmp_path):
                             "--loop_sample=0.5"))
     one_line(r, "loop_sample=0.5 has no effect", "n_loop > 1 (now 1)")
     assert "not recurrence='loop'" not in r.stderr
+
+
+def test_bench_step_refuses_the_sampled_depth_it_does_not_time(tmp_path):
+    """`bench.py step --loop_sample=0.5` timed full-depth steps and said nothing (as cuda_graph=True once did)."""
+    bench = ["bench.py", "step", "config/pretrain_tiny.py", "--vocab_size=64", "--steps=1", "--n_layer=1"]
+    one_line(run([*bench, "--loop_sample=0.5"]), "loop_sample=0.5 has no effect", "train.py", "every loop")
+    one_line(run([*bench, "--optimizer=adamw", "--cuda_graph=True"]), "cuda_graph=True has no effect", "no CUDA graph")
