@@ -154,7 +154,8 @@ def spec_option(draft_loops, length, model, n_loop=None, exits=None, use_cache=T
                           "than the verifier")
     if recheck and not int(propose) < int(recheck) < K:
         raise ConfigError(f"speculative_recheck={recheck} is invalid with speculative_propose={propose} and {K} "
-                          f"loops: allowed 0 (none) or {int(propose) + 1}..{K - 1}")
+                          f"loops: allowed 0 (none)" + (f" or {int(propose) + 1}..{K - 1}" if int(propose) + 1 < K else
+                                                        ": no loop lies between the proposal's and the verifier's"))
     if exits is not None:
         raise ConfigError(f"{key}={depth} verifies every token at full depth: it does not combine with "
                           f"exit_rule={exits.rule!r} (allowed exit_rule='' beside it)")

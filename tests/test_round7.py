@@ -414,3 +414,15 @@ def test_bench_step_refuses_the_sampled_depth_it_does_not_time(tmp_path):
     bench = ["bench.py", "step", "config/pretrain_tiny.py", "--vocab_size=64", "--steps=1", "--n_layer=1"]
     one_line(run([*bench, "--loop_sample=0.5"]), "loop_sample=0.5 has no effect", "train.py", "every loop")
     one_line(run([*bench, "--optimizer=adamw", "--cuda_graph=True"]), "cuda_graph=True has no effect", "no CUDA graph")
+
+
+def test_a_recheck_with_no_loop_left_offers_no_empty_range():
+    """--speculative_propose=2 --speculative_recheck=2 with 3 loops: 'allowed 0 (none) or 3..2', a range with nothing."""
+    from discoloop.speculative import spec_option
+    from model import GPT, GPTConfig
+    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, n_loop=3, vocab_size=16, block_size=8, recurrence="loop"))
+    with pytest.raises(ConfigError, match="speculative_recheck=2 is invalid") as e:
+        spec_option(0, 4, model, propose=2, recheck=2)
+    assert "3..2" not in str(e.value) and "no loop lies between" in str(e.value), str(e.value)
+    with pytest.raises(ConfigError, match=r"allowed 0 \(none\) or 2\.\.2$"):
+        spec_option(0, 4, model, propose=1, recheck=3)
