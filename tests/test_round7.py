@@ -426,3 +426,15 @@ def test_a_recheck_with_no_loop_left_offers_no_empty_range():
     assert "3..2" not in str(e.value) and "no loop lies between" in str(e.value), str(e.value)
     with pytest.raises(ConfigError, match=r"allowed 0 \(none\) or 2\.\.2$"):
         spec_option(0, 4, model, propose=1, recheck=3)
+
+
+def test_a_folder_of_kept_checkpoints_without_ckpt_pt_names_them(token_run, tmp_path):
+    """exits.py gate --ckpt=a folder holding only ckpt_<iter>.pt (ckpt.pt moved away): 'ckpt.pt not found', nothing
+    on the checkpoints the folder does hold (their gates are named after them: --ckpt=RUN/ckpt_<iter>.pt)."""
+    d = tmp_path / "kept"
+    d.mkdir()
+    for n in (2, 10):
+        shutil.copy(token_run / "run" / "ckpt.pt", d / f"ckpt_{n}.pt")
+    (d / "ckpt_2.exit_gate.pt").write_bytes(b"")  # a gate is not a checkpoint
+    one_line(run(["exits.py", "gate", f"--ckpt={d}"]), "ckpt.pt' not found", "holds ckpt_2.pt, ckpt_10.pt: allowed one")
+    assert not (d / "ckpt.exit_gate.pt").exists()
