@@ -92,8 +92,8 @@ def load_checkpoint(path, map_location="cpu", required=("model", "model_args")):
         is_, folder = not_regular(path), os.path.dirname(path) or "."  # a pipe would block torch.load for ever
         kept = [f for f in os.listdir(folder) if f[:5] == "ckpt_" and f[5:-3].isdigit() and f[-3:] == ".pt"] \
             if not is_ and os.path.isdir(folder) else []  # a folder of kept checkpoints (keep_every) without ckpt.pt
-        raise CheckpointError(f"checkpoint '{path}' {'is ' + is_ if is_ else 'not found'}" + (
-            f" (its folder holds {', '.join(sorted(kept, key=lambda f: int(f[5:-3])))}: allowed one of them)" * bool(kept)))
+        hint = f" (its folder holds {', '.join(sorted(kept, key=lambda f: int(f[5:-3])))}: allowed one of them)"
+        raise CheckpointError(f"checkpoint '{path}' {'is ' + is_ if is_ else 'not found'}{hint if kept else ''}")
     try:
         ckpt = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as e:  # empty, truncated, foreign or code-carrying pickles all end here
