@@ -332,8 +332,8 @@ def step_main(argv):
              "plan_cache": ""}          # a JSON file of memory plans, read and extended ('' = none)
     c = training_config(argv, "step", step_main.__doc__, extra, {"steps": INT_GE0, "warmup": INT_GE0,
                                                                  "json": OUTPUT, "plan_cache": OUTPUT},
-                        unused={"cuda_graph": (lambda c: not c["cuda_graph"], "train.py (bench.py step times the eager "
-                                                                               "step, without a CUDA graph)")})
+                        unused={k: (lambda c, k=k: not c[k], "train.py (bench.py step times the eager full-depth step: "
+                                    "no CUDA graph, every loop)") for k in ("cuda_graph", "loop_sample")})
     names, device = step_checks(c)
     stop_on_signals()
     dtype = resolve_dtype(c["dtype"], device)

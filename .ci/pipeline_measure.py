@@ -17,6 +17,7 @@ bookkeeping) is a term of its own, j per call, timed inside the decoder (Pipelin
 calls'); e is then in j. Predicted speed-up: t1 / (E (A(n) + j)). Beside it, a call inside the decoder (its calls'
 seconds over their number) against A(n) timed alone: the same call, so they should agree.
 """
+import os
 import sys
 import time
 
@@ -29,6 +30,11 @@ from discoloop import speculative  # noqa: E402
 from discoloop.speculative import Lane, Lanes, Pipeline, Speculative, rows_at  # noqa: E402
 
 args = [a for a in sys.argv[1:] if not a.startswith("--")]
+for _r in args or [""]:  # every run checked before the first is measured: a typo is named, not a traceback
+    if not (os.path.isfile(_r) or os.path.isfile(os.path.join(_r, "ckpt.pt"))):
+        _why = repr(_r) + " is neither a checkpoint nor a run folder with ckpt.pt" if _r else "no run given"
+        sys.exit(os.path.basename(__file__) + ": " + _why + "; usage: python "
+                 + __doc__.split("    python ")[1].splitlines()[0])
 opts = dict(a[2:].split("=") for a in sys.argv[1:] if a.startswith("--"))
 N, threads, reps = int(opts.get("new_tokens", 200)), int(opts.get("threads", 1)), int(opts.get("reps", 3))
 torch.set_num_threads(threads)

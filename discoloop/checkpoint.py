@@ -89,8 +89,11 @@ def load_checkpoint(path, map_location="cpu", required=("model", "model_args")):
     if os.path.isdir(path):
         path = os.path.join(path, "ckpt.pt")
     if not os.path.isfile(path):
-        is_ = not_regular(path)  # a pipe would block torch.load for ever
-        raise CheckpointError(f"checkpoint '{path}' {'is ' + is_ if is_ else 'not found'}")
+        is_, folder = not_regular(path), os.path.dirname(path) or "."  # a pipe would block torch.load for ever
+        kept = [f for f in os.listdir(folder) if f[:5] == "ckpt_" and f[5:-3].isdigit() and f[-3:] == ".pt"] \
+            if not is_ and os.path.isdir(folder) else []  # a folder of kept checkpoints (keep_every) without ckpt.pt
+        hint = f" (its folder holds {', '.join(sorted(kept, key=lambda f: int(f[5:-3])))}: allowed one of them)"
+        raise CheckpointError(f"checkpoint '{path}' {'is ' + is_ if is_ else 'not found'}{hint if kept else ''}")
     try:
         ckpt = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as e:  # empty, truncated, foreign or code-carrying pickles all end here
@@ -120,9 +123,10 @@ RESUMABLE = ("max_iters", "eval_interval", "keep_every", "log_interval", "eval_i
 
 
 def resume_changes(saved, config, saved_dtype):
-    """({key: [checkpoint's, now]} for the keys this resume changes, None) or (None, a one-line reason it
-    may not). A key newer than the checkpoint is not compared (its default is the older behaviour);
-    dtype may be 'auto' or the precision the checkpoint was trained in."""
+    """({key: [checkpoint's, now]} this resume changes, None) or (None, a one-line reason it may not). A key newer than
+    the checkpoint reads as its default (its older behaviour); dtype may be 'auto' or the precision it was trained in."""
+    from discoloop.train_config import defaults  # here: only a resume reads training keys (sample.py loads none)
+    saved = {**defaults(), **saved}
     changed = {}
     for k, now in config.items():
         if (k not in saved or saved[k] == now or k in ("init_from", "overwrite", "eval_only")  # how it is invoked

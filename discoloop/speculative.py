@@ -134,7 +134,9 @@ def spec_option(draft_loops, length, model, n_loop=None, exits=None, use_cache=T
     decoders at once, a proposal as deep as the verifier, exits beside it, no cache, or 'none' pipelined."""
     K = n_loop or model.config.n_loop
     if not draft_loops and int(length) != SPEC_KEYS["speculative_len"]:
-        raise ConfigError(f"speculative_len={length!r} has no effect with speculative decoding off: "
+        raise ConfigError(f"speculative_len={length!r} has no effect with speculative_propose={propose}: the pipelined "
+                          "decoder has no draft length (speculative_len is speculative_draft_loops'): drop it"
+                          if propose else f"speculative_len={length!r} has no effect with speculative decoding off: "
                           f"speculative_draft_loops=1..{max(K - 1, 1)} turns it on")
     if not propose and recheck:
         raise ConfigError(f"speculative_recheck={recheck!r} has no effect without pipelining: "
@@ -152,7 +154,8 @@ def spec_option(draft_loops, length, model, n_loop=None, exits=None, use_cache=T
                           "than the verifier")
     if recheck and not int(propose) < int(recheck) < K:
         raise ConfigError(f"speculative_recheck={recheck} is invalid with speculative_propose={propose} and {K} "
-                          f"loops: allowed 0 (none) or {int(propose) + 1}..{K - 1}")
+                          f"loops: allowed 0 (none)" + (f" or {int(propose) + 1}..{K - 1}" if int(propose) + 1 < K else
+                                                        ": no loop lies between the proposal's and the verifier's"))
     if exits is not None:
         raise ConfigError(f"{key}={depth} verifies every token at full depth: it does not combine with "
                           f"exit_rule={exits.rule!r} (allowed exit_rule='' beside it)")

@@ -92,7 +92,7 @@ ACTIVE = {"compile_": (lambda c: c["compile"], "compile=True"),
           "memory_check": (on_cuda,
                            "a CUDA device (the plan is checked against GPU memory), not device={device!r} here"),
           "loop_sample": (lambda c: c["recurrence"] != "none" and c["n_loop"] > 1 and not c["loops_by_hops"],
-                          "a looped recurrence with n_loop > 1 (not recurrence={recurrence!r} nor loops_by_hops)"),
+                          "recurrence != 'none' (now {recurrence!r}), n_loop > 1 (now {n_loop}), loops_by_hops=False"),
           "overwrite": (lambda c: c["init_from"] != "resume" and not c["eval_only"],
                         "a new run (not init_from='resume' or eval_only=True)")}
 

@@ -150,7 +150,10 @@ LINE_BUDGETS = {"model.py": 766,
 # readable model.py (no packing, one loop step) was chosen over the line count
 # 4681 -> 4745 (issue 68 item 5's leftovers): a max_token.json that lies named (shards.py), data_args against the
 # shards' tokenizer as a whole (dataset.py), an output proven writable before the work (common.py)
-TRAIN_CLOSURE_BUDGET = 4745
+# 4745 -> 4746 (hostile round 7): a resume reads a key newer than its checkpoint as the key's default (checkpoint.py), so
+# a typed other value is refused, not trained silently; 4746 -> 4749: a folder without ckpt.pt names the kept
+# ckpt_<iter>.pt it holds (load_checkpoint), the files a gate or a probe may be pointed at
+TRAIN_CLOSURE_BUDGET = 4749
 # python sample.py: the model, the opened checkpoint, its tokenizer, no dataset reader. 14 -> 16: common.py's ownership
 # part is ownership.py and meta.json's reader data_meta.py (the six floors: common.py imports nothing of ours), the
 # same lines in two more files

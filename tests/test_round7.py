@@ -359,3 +359,82 @@ def test_outputs_that_cannot_be_written_are_refused_before_the_work(token_run, t
     for args in (["exits.py", "gate", f"--ckpt={ck}"], ["exits.py", f"--ckpt={ck}"], ["eval_harness.py", f"--ckpt={ck}"]):
         if "gate" not in args:  # an output under a regular file
             one_line(run([*args, f"--json={token_run / 'run' / 'ckpt.pt' / 'x.json'}"]), "json=", "writable")
+
+
+def test_a_resume_from_before_a_key_reads_it_as_its_default(tiny_data, tiny_run, tmp_path):
+    """A checkpoint older than loop_sample (its config without the key) was trained with its default: a resume that
+    types --loop_sample=0.5 changed how the weights train, silently (a key the checkpoint lacks was not compared)."""
+    from discoloop.checkpoint import save_checkpoint
+    old = tmp_path / "old"
+    shutil.copytree(tiny_run, old)
+    ck = torch.load(old / "ckpt.pt", weights_only=True)
+    ck = {k: v for k, v in ck.items() if k not in ("crc32", MARK)}
+    ck["config"] = {k: v for k, v in ck["config"].items() if k != "loop_sample"}
+    save_checkpoint(ck, str(old / "ckpt.pt"))
+    resume = tiny_train_args(tiny_data, str(old), "--max_iters=6", "--eval_interval=2", "--recurrence=loop",
+                             "--init_from=resume")
+    one_line(run([*resume, "--loop_sample=0.5"]), "loop_sample: the checkpoint was trained with 0.0", "now 0.5")
+    ok(run(resume))  # the default continues it
+
+
+def test_a_draft_length_beside_the_pipelined_decoder():
+    """--speculative_propose=1 --speculative_len=8: refused as 'with speculative decoding off', which it is not."""
+    from discoloop.speculative import spec_option
+    from model import GPT, GPTConfig
+    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, n_loop=3, vocab_size=16, block_size=8, recurrence="loop"))
+    with pytest.raises(ConfigError, match=r"speculative_len=8 has no effect with speculative_propose=1: the pipelined") as e:
+        spec_option(0, 8, model, propose=1)
+    assert "off" not in str(e.value)
+    with pytest.raises(ConfigError, match="speculative decoding off"):
+        spec_option(0, 8, model)
+
+
+@pytest.mark.parametrize("script", [".ci/arms_measure.py", ".ci/pipeline_measure.py"])
+def test_the_measure_scripts_name_a_missing_run(script, tmp_path):
+    """A developer script given a run folder that is not there: a traceback ending in CheckpointError (arms_measure.py
+    after printing its table's header); no run at all: exit 0, nothing measured."""
+    import sys
+    for args, needle in (([str(tmp_path / "nope")], "nope' is neither a checkpoint"), ([], "no run given")):
+        r = subprocess.run([sys.executable, script, *args], cwd=REPO, capture_output=True, text=True, timeout=120)
+        assert r.returncode != 0 and "Traceback" not in r.stderr and needle in r.stderr and "usage:" in r.stderr, r.stderr
+        assert r.stdout == "", r.stdout
+
+
+def test_loop_sample_without_loops_names_what_is_missing(tiny_data, tmp_path):
+    """--recurrence=loop --n_loop=1 --loop_sample=0.5: the refusal said 'not recurrence='loop'', blaming the recurrence
+    the user had right and not the n_loop=1 that made the key inert."""
+    r = run(tiny_train_args(tiny_data, str(tmp_path / "r"), "--max_iters=1", "--recurrence=loop", "--n_loop=1",
+                            "--loop_sample=0.5"))
+    one_line(r, "loop_sample=0.5 has no effect", "n_loop > 1 (now 1)")
+    assert "not recurrence='loop'" not in r.stderr
+
+
+def test_bench_step_refuses_the_sampled_depth_it_does_not_time(tmp_path):
+    """`bench.py step --loop_sample=0.5` timed full-depth steps and said nothing (as cuda_graph=True once did)."""
+    bench = ["bench.py", "step", "config/pretrain_tiny.py", "--vocab_size=64", "--steps=1", "--n_layer=1"]
+    one_line(run([*bench, "--loop_sample=0.5"]), "loop_sample=0.5 has no effect", "train.py", "every loop")
+    one_line(run([*bench, "--optimizer=adamw", "--cuda_graph=True"]), "cuda_graph=True has no effect", "no CUDA graph")
+
+
+def test_a_recheck_with_no_loop_left_offers_no_empty_range():
+    """--speculative_propose=2 --speculative_recheck=2 with 3 loops: 'allowed 0 (none) or 3..2', a range with nothing."""
+    from discoloop.speculative import spec_option
+    from model import GPT, GPTConfig
+    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, n_loop=3, vocab_size=16, block_size=8, recurrence="loop"))
+    with pytest.raises(ConfigError, match="speculative_recheck=2 is invalid") as e:
+        spec_option(0, 4, model, propose=2, recheck=2)
+    assert "3..2" not in str(e.value) and "no loop lies between" in str(e.value), str(e.value)
+    with pytest.raises(ConfigError, match=r"allowed 0 \(none\) or 2\.\.2$"):
+        spec_option(0, 4, model, propose=1, recheck=3)
+
+
+def test_a_folder_of_kept_checkpoints_without_ckpt_pt_names_them(token_run, tmp_path):
+    """exits.py gate --ckpt=a folder holding only ckpt_<iter>.pt (ckpt.pt moved away): 'ckpt.pt not found', nothing
+    on the checkpoints the folder does hold (their gates are named after them: --ckpt=RUN/ckpt_<iter>.pt)."""
+    d = tmp_path / "kept"
+    d.mkdir()
+    for n in (2, 10):
+        shutil.copy(token_run / "run" / "ckpt.pt", d / f"ckpt_{n}.pt")
+    (d / "ckpt_2.exit_gate.pt").write_bytes(b"")  # a gate is not a checkpoint
+    one_line(run(["exits.py", "gate", f"--ckpt={d}"]), "ckpt.pt' not found", "holds ckpt_2.pt, ckpt_10.pt: allowed one")
+    assert not (d / "ckpt.exit_gate.pt").exists()
