@@ -129,7 +129,7 @@ compiled "5 compiled step, loop + DiscoLoop, policy block, 440M" $L_BLOCK --vari
 step "6 lab/sdpa.py, attention backends at 440M" $L_SDPA step.log python lab/sdpa.py config/pretrain.py $SDPA --json="$OUT/step.jsonl"
 OLD=${JOB_AB_OLD:-out/a0d70e6.tar.gz}
 if [ -e "$OLD" ]; then
-  step "7 job_ab: a0d70e6, this tree, the CUDA graph" $L_AB symbolic.log python .ci/job_ab.py "$OLD" $AB --variants=old,new,graph
+  step "7 job_ab: a0d70e6, this tree, the CUDA graph" $L_AB symbolic.log python .ci/job_ab.py "$OLD" $AB --variants=old,new,graph -- --data_dir="$WORK/data_symbolic"
 else
   echo "7 job_ab: skipped, no $OLD (git archive -o out/a0d70e6.tar.gz a0d70e6, carried)" >> "$OUT/summary.txt"
 fi

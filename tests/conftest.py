@@ -129,3 +129,30 @@ def tiny_run(tiny_data, tmp_path_factory):
     r = run(tiny_train_args(tiny_data, out, "--max_iters=4", "--eval_interval=2", "--recurrence=loop"))
     assert r.returncode == 0, r.stderr[-2000:]
     return out
+
+
+# The suite writes nothing in the checkout (issue 68): the paths git sees (untracked and ignored included) before and
+# after the session, compared by the first process (the xdist controller or a plain run); a new one fails the run
+CACHES = ("__pycache__", ".pytest_cache", ".hypothesis")
+
+
+def _checkout_paths():
+    r = subprocess.run(["git", "-C", REPO, "status", "--porcelain", "--ignored", "--untracked-files=all"],
+                       capture_output=True, text=True)
+    if r.returncode != 0:  # not a git checkout (an sdist, an export): nothing to compare
+        return None
+    return {line[3:] for line in r.stdout.splitlines() if not any(c in line for c in CACHES)}
+
+
+def pytest_sessionstart(session):
+    if not hasattr(session.config, "workerinput"):
+        session.config._checkout_before = _checkout_paths()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    before = getattr(session.config, "_checkout_before", None)
+    after = _checkout_paths() if before is not None else None
+    new = sorted(after - before) if after is not None else []
+    if new:
+        print(f"\nerror: the suite wrote into the checkout: {new[:10]}", file=sys.stderr)
+        session.exitstatus = 1
