@@ -124,7 +124,7 @@ if init_from != "resume" and not eval_only and earlier:
 ckpt, iter_num, changes = None, 0, {}
 if init_from == "resume" or eval_only:  # eval_only evaluates the checkpoint in out_dir
     try:
-        ckpt, changes = load_for_resume(ckpt_path, config, data.config, log.read())
+        ckpt, changes = load_for_resume(ckpt_path, config, data.config, log.read(), train_config.defaults())
     except ERRORS as e:
         die(e)
     iter_num = ckpt["iter_num"]

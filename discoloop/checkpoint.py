@@ -122,11 +122,11 @@ RESUMABLE = ("max_iters", "eval_interval", "keep_every", "log_interval", "eval_i
              "peak_flops", "wandb_log", "wandb_project", "wandb_run_name", "out_dir", "data_dir", "data_args")
 
 
-def resume_changes(saved, config, saved_dtype):
+def resume_changes(saved, config, saved_dtype, defaults):
     """({key: [checkpoint's, now]} this resume changes, None) or (None, a one-line reason it may not). A key newer than
-    the checkpoint reads as its default (its older behaviour); dtype may be 'auto' or the precision it was trained in."""
-    from discoloop.train_config import defaults  # here: only a resume reads training keys (sample.py loads none)
-    saved = {**defaults(), **saved}
+    the checkpoint reads as its default (defaults: every key's, train.py's; its older behaviour); dtype may be 'auto' or
+    the precision it was trained in."""
+    saved = {**defaults, **saved}
     changed = {}
     for k, now in config.items():
         if (k not in saved or saved[k] == now or k in ("init_from", "overwrite", "eval_only")  # how it is invoked
@@ -143,11 +143,11 @@ def resume_changes(saved, config, saved_dtype):
     return changed, None
 
 
-def load_for_resume(path, config, data_config, rows):
+def load_for_resume(path, config, data_config, rows, defaults):
     """(checkpoint, {key: [checkpoint's, now]} this resume changes), or a one-line CheckpointError: the model,
     the data's generating config and the curriculum's acted joins must be what the weights were trained with."""
     ckpt = load_checkpoint(path, required=RESUME_KEYS)
-    changes, why = resume_changes(ckpt["config"], config, ckpt.get("dtype_resolved"))
+    changes, why = resume_changes(ckpt["config"], config, ckpt.get("dtype_resolved"), defaults)
     # phi_kernel may change: the same numbers up to rounding and ties
     model_keys = [k for k in GPTConfig.__dataclass_fields__ if k not in RESUMABLE]
     why = why or config_mismatch(ckpt["model_args"], config, model_keys) \
