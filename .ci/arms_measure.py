@@ -15,16 +15,11 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from discoloop.checkpoint import load_checkpoint  # noqa: E402
+from run_args import runs_and_options  # noqa: E402
 from discoloop.from_checkpoint import model_from_checkpoint  # noqa: E402
 from discoloop.shards import TokenShards  # noqa: E402
 
-runs = [a for a in sys.argv[1:] if not a.startswith("--")]
-for _r in runs or [""]:  # every run checked before the first is measured: a typo is named, not a traceback
-    if not (os.path.isfile(_r) or os.path.isfile(os.path.join(_r, "ckpt.pt"))):
-        _why = repr(_r) + " is neither a checkpoint nor a run folder with ckpt.pt" if _r else "no run given"
-        sys.exit(os.path.basename(__file__) + ": " + _why + "; usage: python "
-                 + __doc__.split("    python ")[1].splitlines()[0])
-opts = dict(a[2:].split("=", 1) for a in sys.argv[1:] if a.startswith("--"))
+runs, opts = runs_and_options(__doc__, __file__)
 W, out = int(opts.get("windows", 64)), opts.get("json", "")
 torch.set_num_threads(int(opts.get("threads", 1)))
 print("| run | final val_loss (log) | " + " | ".join(f"loop {n}: loss, top-1 = loop K" for n in (1, 2, 3, 4)) + " |")

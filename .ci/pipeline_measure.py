@@ -3,7 +3,7 @@ plain cached greedy, draft-then-verify, pipelined (q = 1, 2; with and without a 
 GPT.loop_step call over n lanes (speculative.Lanes, n = 1..K) against plain's call over one token (a KVCache), and the
 arithmetic model's speed-up beside the measured one.
 
-    python .ci/pipeline_measure.py /work/ckpt/small_disco_ll03 [more runs] [--new_tokens=200] [--threads=1] [--reps=3]
+    python .ci/pipeline_measure.py RUN [RUN ...] [--new_tokens=200] [--threads=1] [--reps=3]
 
 Each decoder runs reps times, interleaved with the others, and keeps its fastest (a shared machine's load moves).
 
@@ -25,17 +25,12 @@ import torch
 
 sys.path.insert(0, ".")
 from discoloop.checkpoint import load_checkpoint  # noqa: E402
+from run_args import runs_and_options  # noqa: E402
 from discoloop.from_checkpoint import model_from_checkpoint  # noqa: E402
 from discoloop import speculative  # noqa: E402
 from discoloop.speculative import Lane, Lanes, Pipeline, Speculative, rows_at  # noqa: E402
 
-args = [a for a in sys.argv[1:] if not a.startswith("--")]
-for _r in args or [""]:  # every run checked before the first is measured: a typo is named, not a traceback
-    if not (os.path.isfile(_r) or os.path.isfile(os.path.join(_r, "ckpt.pt"))):
-        _why = repr(_r) + " is neither a checkpoint nor a run folder with ckpt.pt" if _r else "no run given"
-        sys.exit(os.path.basename(__file__) + ": " + _why + "; usage: python "
-                 + __doc__.split("    python ")[1].splitlines()[0])
-opts = dict(a[2:].split("=") for a in sys.argv[1:] if a.startswith("--"))
+args, opts = runs_and_options(__doc__, __file__)
 N, threads, reps = int(opts.get("new_tokens", 200)), int(opts.get("threads", 1)), int(opts.get("reps", 3))
 torch.set_num_threads(threads)
 
