@@ -5,6 +5,7 @@ errors and `die`, what a path is (not_regular), atomic writes of files and folde
 owned): ownership.py. What dtype="auto" picks: precision.py.
 """
 import contextlib
+import copy
 import hashlib
 import json
 import os
@@ -96,6 +97,24 @@ TMP_RE = re.compile(r".+\.tmp-discoloop-[0-9]+-[0-9a-f]{16}")
 def tmp_name(path):
     """The temp name of everything written atomically: `<path>.tmp-discoloop-<pid>-<16 hex of this process>`."""
     return f"{os.path.abspath(path)}.tmp-discoloop-{os.getpid()}-{_TMP_TOKEN}"
+
+
+_READS = {}  # (path, inode, size, mtime, ctime) -> what read(path) gave
+
+
+def read_unchanged(path, read):
+    """read(path), from disk once per process while the file stays as it was (the same inode, size, mtime and ctime):
+    a training start asks a data folder's meta.json five times (the lock's owner, the claim, the prepare check, the
+    damage check, the data) and each split file twice, and reads each once. A folder made again is new files, so it is
+    read again. A copy: a caller may change what it gets."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return read(path)  # its reader says why, in its words
+    key = (os.path.realpath(path), st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    if key not in _READS:
+        _READS[key] = read(path)
+    return copy.deepcopy(_READS[key])
 
 
 def read_json(path):

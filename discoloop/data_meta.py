@@ -7,7 +7,7 @@ Whose a folder is: folder_owner.py.
 """
 import os
 
-from discoloop.common import DataError, read_json
+from discoloop.common import DataError, read_json, read_unchanged
 
 KINDS = ("qa", "tokens", "tasks", "model")  # tasks: lm-eval task YAMLs (data/benchmarks); model: pretrained weights (data/smollm2)
 
@@ -45,7 +45,7 @@ def read_meta(data_dir):
     path = os.path.join(data_dir, "meta.json")
     if not os.path.isfile(path):
         raise DataError(f"no prepared dataset at '{data_dir}' ({'a file' if os.path.isfile(data_dir) else 'no meta.json'})")
-    meta = read_json(path)
+    meta = read_unchanged(path, read_json)  # read once per process while unchanged
     for field, required, (ok, allowed) in META_FIELDS[None] + META_FIELDS.get(meta.get("kind"), []):
         *parent, name = field.split(".")
         where = meta.get(parent[0], {}) if parent else meta

@@ -16,7 +16,7 @@ import os
 import numpy as np
 import torch
 
-from discoloop.common import DataError
+from discoloop.common import DataError, read_unchanged
 from discoloop.data_meta import kind_of, read_meta
 
 
@@ -28,12 +28,16 @@ def load_meta(data_dir, meta=None):
     return meta
 
 
+def read_bytes(path):
+    with open(path, "rb") as f:
+        return f.read()
+
+
 def read_verified(path, expected):
     """The lines of a split file, after checking them against meta.json's count and sha256."""
     if not os.path.isfile(path):
         raise DataError(f"split file '{path}' is missing")
-    with open(path, "rb") as f:
-        raw = f.read()
+    raw = read_unchanged(path, read_bytes)  # checked by the prepare step and read by QAData: read once
     if expected is None:
         raise DataError(f"'{path}' has no checksum in meta.json (prepared by an older version): "
                         "delete the folder and prepare it again")

@@ -199,10 +199,10 @@ def test_sample_loads_no_dataset_reader(tiny_run):
     assert len(modules) <= SAMPLE_CLOSURE_FILES, f"python sample.py loads {len(modules)} project files: {files}"
 
 
-# Reads per training start of a QA folder, counted, as budgets to lower (issue 66 asks for one each): meta.json 5 (the
-# prepare-on-first-use check: the lock's owner and the claim, both folder_owner.owner, which the ownership rewrite
-# owns; check_ours; qa_damaged; then open_data), each split file 2 (qa_damaged verifies it, then QAData reads it)
-META_READS, SPLIT_READS = 5, 2
+# Reads per training start of a QA folder: meta.json once, each split file once (issue 66). Five callers ask for meta.json
+# (the lock's owner and the claim, check_ours, qa_damaged, open_data) and two for each split file (qa_damaged verifies
+# it, QAData reads it): common.read_unchanged reads a file once per process while it stays as it was.
+META_READS, SPLIT_READS = 1, 1
 READS = """import builtins, collections, atexit, os, runpy, sys
 seen, real = collections.Counter(), builtins.open
 def counted(f, mode="r", *a, **k):
@@ -225,7 +225,7 @@ def test_a_training_start_reads_meta_json_and_the_splits_within_budget(tiny_data
     line = [x for x in r.stderr.splitlines() if x.startswith("READS ")]
     assert r.returncode == 0 and line, r.stderr[-2000:]
     reads = ast.literal_eval(line[0][len("READS "):])
-    assert reads.pop("meta.json") <= META_READS and reads and all(n <= SPLIT_READS for n in reads.values()), reads
+    assert reads.pop("meta.json") == META_READS and reads and all(n == SPLIT_READS for n in reads.values()), reads
 
 
 def test_line_budgets():

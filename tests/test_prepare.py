@@ -254,3 +254,19 @@ def test_symbolic_rerun_checks_what_it_made(tmp_path):
     assert r.stdout.strip().endswith(f"wrote {out}"), r.stdout  # not "kept existing"
     r = run(["data/symbolic/prepare.py", f"--out_dir={out}"] + TINY_DATA)
     assert r.stdout.strip().endswith(f"kept existing {out}"), r.stdout
+
+
+def test_a_file_read_once_is_read_again_when_it_changes(tmp_path):
+    """meta.json and split files are read once per process (common.read_unchanged) while they stay as they were: a file
+    changed in place (the same size) or replaced is read again, and a caller's change to what it got is its own."""
+    from discoloop.data_meta import read_meta
+    meta = {"kind": "tasks", "generator": "aa"}
+    (tmp_path / "meta.json").write_text(json.dumps(meta))
+    first = read_meta(tmp_path)
+    first["generator"] = "changed by a caller"
+    assert read_meta(tmp_path) == meta
+    (tmp_path / "meta.json").write_text(json.dumps({**meta, "generator": "bb"}))  # same size, in place
+    assert read_meta(tmp_path)["generator"] == "bb"
+    (tmp_path / "new.json").write_text(json.dumps({**meta, "generator": "cc"}))
+    os.replace(tmp_path / "new.json", tmp_path / "meta.json")
+    assert read_meta(tmp_path)["generator"] == "cc"
