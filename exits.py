@@ -11,8 +11,8 @@ A question-answer checkpoint (symbolic, nl) is measured per split: accuracy, loo
 at; a pretraining run on the first --windows windows of its val shards: loss, loops per token, and how often a token's
 top-1 is not loop K's. Tables are printed and JSON written (--json=PATH, default OUT_DIR/exits.json).
 
-`gate` trains from_checkpoint.ExitGate (n_embd + 4 parameters, one for every loop) on the frozen model, on its own training
-data, with labels the model makes itself: 'agree' (loop k's top-1 is loop K's: CALM's consistency) or 'improve' (the
+`gate` trains from_checkpoint.ExitGate (one for every loop; --gate_features: 'change', 6 parameters reading how the loop
+changed what it decodes and its state; 'state', n_embd + 4, issue 62's) on the frozen model, on its own training data, with labels the model makes itself: 'agree' (loop k's top-1 is loop K's: CALM's consistency) or 'improve' (the
 next loop does not lower this token's loss: Ouro's second stage, its soft label). Its threshold is then calibrated on
 held-out data (the val splits; a pretraining run's last --calib_windows val windows, apart from the first ones measured)
 as the lowest at which at most --gate_bound of the exited tokens have a top-1 other than loop K's (the real adaptive
@@ -33,7 +33,8 @@ from discoloop.common import (ERRORS, SYSTEM_CHECKS, CheckpointError, ConfigErro
                               check_writable, die, setup, table)
 from discoloop.ownership import FIGURE_METADATA, marked, owned
 from configurator import INT_GE0, INT_GE1, OUTPUT, configure, num, one_of
-from discoloop.from_checkpoint import (ExitGate, beside_checkpoint, exit_option, gate_path, lead_pads, load, weights_crc)
+from discoloop.from_checkpoint import (GATE_FEATURES, ExitGate, beside_checkpoint, exit_option, gate_path, lead_pads, load,
+                                       weights_crc)
 from model import Exit
 from discoloop.precision import resolve_dtype
 from discoloop.shards import TokenShards
@@ -229,7 +230,7 @@ def run_measure(model, data, a):
 
 def per_loop(model, X, Y, K, batch_size=32):
     """Each batch of the frozen model's full-depth forward over X -> Y: (Y's rows, [(state h_k, the p model.decode gives
-    an exit there (None at K), the p before it, head logits) for loops k = 1..K])."""
+    an exit there (None at K), the loop before's (p, h) or None, head logits) for loops k = 1..K])."""
     for i in range(0, len(X), batch_size):
         x, seen, before, loops = X[i:i + batch_size], {}, None, []
         model.hidden(x, n_loop=K, hook=lambda k, h, nxt: seen.update({k: h}))
@@ -237,45 +238,44 @@ def per_loop(model, X, Y, K, batch_size=32):
             logits = (model.head(model.hidden(x, n_loop=k)) if model.config.n_coda else model.head(seen[k])).float()
             p = model.decode(seen[k], None, Exit())[0] if k < K else None
             loops.append((seen[k], p, before, logits))
-            before = p
+            before = (p, seen[k])
         yield Y[i:i + batch_size], loops
 
 
 @torch.no_grad()
-def loop_records(model, X, Y, K):
-    """The gate's rows: for every target token (Y != -1) and loop k < K, the normed state and ExitGate.summary of the p
-    it decodes, and the labels: 'agree' (loop k's top-1 is loop K's) and 'improve' (1 - sigmoid(50 (L_k - L_k+1 -
+def loop_records(model, X, Y, K, kind):
+    """The gate's rows: for every target token (Y != -1) and loop k < K, the gate's inputs x (ExitGate.features of the
+    `kind` gate), and the labels: 'agree' (loop k's top-1 is loop K's) and 'improve' (1 - sigmoid(50 (L_k - L_k+1 -
     0.005)): Ouro's continuation label turned round, without its clamp at 0: a loop that raises the loss is an exit)."""
-    cols = {"h": [], "summary": [], "agree": [], "improve": [], "loop": []}
+    cols = {"x": [], "agree": [], "improve": [], "loop": []}
     for y, loops in per_loop(model, X, Y, K):
         m = y != -1
         top_K = loops[-1][3].argmax(-1)[m]
         losses = [F.cross_entropy(logits[m], y[m], reduction="none") for *_, logits in loops]
         for k, (h, p, before, logits) in enumerate(loops[:-1], 1):
-            cols["h"].append(model.normed(h)[m].float())
-            cols["summary"].append(ExitGate.summary(p, before)[m])
+            cols["x"].append(ExitGate.features(kind, model, h, p, before)[m])
             cols["loop"].append(torch.full_like(y[m], k))
             cols["agree"].append((logits.argmax(-1)[m] == top_K).float())
             cols["improve"].append(1 - torch.sigmoid(IMPROVE_SHARPNESS * (losses[k - 1] - losses[k] - IMPROVE_MARGIN)))
     return {c: torch.cat(v) for c, v in cols.items()}
 
 
-def fit_gate(rows, label, iters, seed):
+def fit_gate(rows, label, iters, seed, kind, n_embd):
     """ExitGate fitted to rows[label] by full-batch Adam on the binary cross-entropy; (gate, its loss, the loss of the
     best constant, which the gate must beat to have learned anything)."""
     torch.manual_seed(seed)
-    gate = ExitGate(rows["h"].size(1))
+    gate = ExitGate(n_embd, kind)
     opt = torch.optim.Adam(gate.parameters(), lr=1e-2)
     target = rows[label]
     with torch.enable_grad():
         for _ in range(iters):
-            loss = F.binary_cross_entropy_with_logits(gate(rows["h"], rows["summary"]), target)
+            loss = F.binary_cross_entropy_with_logits(gate(rows["x"]), target)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
     mean = target.mean().clamp(1e-6, 1 - 1e-6)
     const = F.binary_cross_entropy(mean.expand_as(target), target).item()
-    return gate.eval(), F.binary_cross_entropy_with_logits(gate(rows["h"], rows["summary"]), target).item(), const
+    return gate.eval(), F.binary_cross_entropy_with_logits(gate(rows["x"]), target).item(), const
 
 
 @torch.no_grad()
@@ -355,13 +355,14 @@ def run_gate(model, data, a):
                           "copies of f, no loop to leave)")
     exit_option("prob", -1, a["exit_min_loops"], model, K)  # the other exit checks: at least 2 loops, min_loops < K
     (X, Y), parts, what = gate_data(model, data, a)
-    rows = loop_records(model, X, Y, K)
-    gate, bce, const = fit_gate(rows, a["gate_label"], a["gate_iters"], a["seed"])
-    print(f"gate: {rows['h'].size(0):,} (token, loop) rows from {what}; label {a['gate_label']!r}: BCE {bce:.4f} "
-          f"(the best constant: {const:.4f})")
+    rows = loop_records(model, X, Y, K, a["gate_features"])
+    gate, bce, const = fit_gate(rows, a["gate_label"], a["gate_iters"], a["seed"], a["gate_features"],
+                                model.config.n_embd)
+    print(f"gate ({a['gate_features']}: {', '.join(GATE_FEATURES[a['gate_features']])}): {rows['x'].size(0):,} (token, "
+          f"loop) rows from {what}; label {a['gate_label']!r}: BCE {bce:.4f} (the best constant: {const:.4f})")
     print(table(["loop k", "rows", "agree (top-1 = loop K's)", "improve label (mean)", "gate score (mean)"],
                 [[k, int(m.sum()), rows["agree"][m].mean().item(), rows["improve"][m].mean().item(),
-                  torch.sigmoid(gate(rows["h"][m], rows["summary"][m])).mean().item()]
+                  torch.sigmoid(gate(rows["x"][m])).mean().item()]
                  for k in range(1, K) for m in [rows["loop"] == k]]))
     cal, tried = calibrate(model, gate, parts, K, a["exit_min_loops"], a["gate_bound"])
     print(table(["threshold", "top-1 not loop K's: of exited", "of all", "exited", "loops/token"],
@@ -373,9 +374,9 @@ def run_gate(model, data, a):
           f"per token of {K}")
     rec = {"gate": gate.state_dict(), "crc32": weights_crc(model), "model_args": dataclasses.asdict(model.config),
            "of": f"{a['ckpt']} ({'raw weights' if a['raw'] else 'its weight average, where it has one'})",
-           "label": a["gate_label"], "features": ["normed state", "max p", "entropy / log V", "log(1 + KL(p_k-1 || p_k))"],
+           "label": a["gate_label"], "gate_features": a["gate_features"], "features": GATE_FEATURES[a["gate_features"]],
            "K": K, "min_loops": a["exit_min_loops"], "bound": a["gate_bound"], "threshold": cal["threshold"],
-           "calibration": {**cal, "data": what}, "training": {"rows": rows["h"].size(0), "bce": bce, "constant_bce": const,
+           "calibration": {**cal, "data": what}, "training": {"rows": rows["x"].size(0), "bce": bce, "constant_bce": const,
                                                               "iters": a["gate_iters"], "seed": a["seed"]}}
     try:
         atomic_write(path, lambda f: torch.save(marked(rec, "exit gate"), f), durable=True)
@@ -389,8 +390,8 @@ VERBS = {  # verb -> (what it runs on (model, data, keys), the keys it uses, its
     "": (run_measure, CHECKPOINT_KEYS | {"json", "n_loop", "png", "exit_rule", "exit_thresholds", "exit_min_loops",
                                          "splits", "windows"},
          "adaptive depth vs fixed K: per split accuracy and exit loops (a pretraining run: validation loss)"),
-    "gate": (run_gate, CHECKPOINT_KEYS | {"exit_min_loops", "gate_label", "gate_bound", "gate_tokens", "gate_iters",
-                                          "calib_windows", "seed"},
+    "gate": (run_gate, CHECKPOINT_KEYS | {"exit_min_loops", "gate_label", "gate_features", "gate_bound", "gate_tokens",
+                                          "gate_iters", "calib_windows", "seed"},
              "train the learned exit on the run's training data, calibrate its threshold on held-out data"),
 }
 DEFAULTS = dict(
@@ -407,6 +408,8 @@ DEFAULTS = dict(
     windows=0,        # a pretraining run: the first this many val windows of block_size tokens (0 = all)
     gate_label="agree",  # gate: 'agree' (loop k's top-1 is loop K's: CALM) or 'improve' (the next loop does not lower
                          # the token's loss by 0.005: Ouro's stage 2)
+    gate_features="change",  # gate: what it reads: 'change' (max p; top-1 flip, KL and |dh|/|h| from the loop
+                             # before; loop 1) or 'state' (issue 62's: the normed state and three summaries of p)
     gate_bound=0.01,  # gate: at most this share of the exited held-out tokens may have a top-1 other than loop K's
     gate_tokens=32768,  # gate: target tokens of the run's own training data it is trained on (drawn at random)
     gate_iters=400,   # gate: full-batch Adam steps
@@ -432,7 +435,8 @@ CHECKS = {**SYSTEM_CHECKS, "json": OUTPUT, "n_loop": INT_GE0,
                   f"a writable figure path ending in {', '.join(plots.FIGURE_EXTENSIONS)}"),
           "exit_thresholds": (finite_numbers, "comma-separated finite numbers (e.g. '0.5,0.9')"),
           "exit_rule": one_of("prob", "kl", "gate"), "exit_min_loops": INT_GE1, "windows": INT_GE0,
-          "gate_label": one_of("agree", "improve"), "gate_bound": num(0, 1), "gate_tokens": INT_GE1, "gate_iters": INT_GE1,
+          "gate_label": one_of("agree", "improve"), "gate_features": one_of(*GATE_FEATURES), "gate_bound": num(0, 1),
+          "gate_tokens": INT_GE1, "gate_iters": INT_GE1,
           "calib_windows": INT_GE0, "seed": INT_GE0}
 
 

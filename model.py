@@ -552,12 +552,12 @@ class GPT(nn.Module):
         if exits is not None:
             at = torch.full((B, T), K, device=idx.device)
             exits.loops.append(at)
-        decoded = []  # adaptive depth: each loop's decoded p (the kl rule reads the one before)
+        decoded = []  # adaptive depth: each loop's (decoded p, state h) (the kl rule and the gate read the one before)
 
         def settle(k, h):  # adaptive depth after loop k < K: the settled tokens exit here; the update encodes p
             p, stop = self.decode(h, decoded[-1] if decoded else None, exits)
             at.masked_fill_(stop & (at == K) & (k >= exits.min_loops), k)
-            decoded.append(p)
+            decoded.append((p, h))
             return p
         x, pos = self.embed(idx, t0)
         if cfg.n_prelude:
@@ -646,7 +646,8 @@ class GPT(nn.Module):
         return h + alpha * self.transformer.ln_inj(e)
 
     def decode(self, h, before, exits):
-        """(p = softmax(head(h)/tau) as Phi encodes it, the tokens settled (B, T) by the exit): one head application."""
+        """(p = softmax(head(h)/tau) as Phi encodes it, the tokens settled (B, T) by the exit): one head application.
+        before: the loop before's (p, h), or None."""
         cfg = self.config  # a loop decodes no Phi: its exits read the plain head (phi_tau inert there, as in training)
         logits = upcast(self.head(h)) / (cfg.phi_tau if self.rec.phi else 1)
         k = cfg.phi_topk if self.rec.phi else 0
@@ -738,13 +739,13 @@ def sampling_probs(logits, temperature, top_k=None):
 class Exit:
     """Adaptive depth, at inference only: after loop k < n_loop a token stops once what it decodes (GPT.decode: p,
     with top-k Phi its top k renormalised) has settled by the rule: "prob": max p >= threshold; "kl": KL(p_k-1 || p_k)
-    <= threshold (from loop 2 on); "gate": score(h, p, p_k-1) >= threshold. Its state then stays what feeds loop k+1;
-    later tokens attend to its keys and values."""
+    <= threshold (from loop 2 on); "gate": score(h, p, (p_k-1, h_k-1)) >= threshold. Its state then stays what feeds
+    loop k+1; later tokens attend to its keys and values."""
     rule: str = "prob"
     threshold: float = 0.9
     min_loops: int = 1  # no exit before this many loops
     loops: list = None  # each forward appends its (B, T) exit loops (blocks run: these x the looped layers)
-    score: object = None  # "gate": a learned exit's callable (h, p, p_k-1 or None) -> (B, T) in 0..1 (from_checkpoint)
+    score: object = None  # "gate": a learned exit's callable (h, p, (p, h) before or None) -> (B, T) in 0..1
 
     def __post_init__(self):
         self.loops = []
@@ -756,11 +757,13 @@ class Exit:
                              "min_loops >= 1")
 
     def settled(self, h, p, before):
-        """(B, T): the tokens this rule stops, from a loop's state h, its decoded p and the loop before's (or None)."""
+        """(B, T): the tokens this rule stops, from a loop's state h, its decoded p and the loop before's (p, h) (or
+        None)."""
         if self.rule == "gate":  # a learned exit reads the state and what it decodes
             return self.score(h, p, before) >= self.threshold
         if self.rule == "prob":
             return p.amax(-1) >= self.threshold
         if before is None:  # "kl" compares with the loop before: none at loop 1
             return torch.zeros(p.shape[:-1], dtype=torch.bool, device=p.device)
-        return (before * (before.clamp_min(1e-30).log() - p.clamp_min(1e-30).log())).sum(-1) <= self.threshold
+        q = before[0]
+        return (q * (q.clamp_min(1e-30).log() - p.clamp_min(1e-30).log())).sum(-1) <= self.threshold

@@ -231,31 +231,59 @@ GATE_SUFFIX = ".exit_gate.pt"  # ckpt.pt's gate is ckpt.exit_gate.pt, ckpt_500.p
 GATE_KEYS = ("gate", "crc32", "model_args", "of", "K", "min_loops", "bound", "threshold")  # what load_gate reads
 
 
-class ExitGate(nn.Module):
-    """The learned exit (issue 62): the chance that exiting after this loop keeps the output, sigmoid(w . h_normed +
-    v . [max p, entropy / log V, log(1 + KL(p of the loop before || p))] + b), from the loop state as the head reads it
-    and the p the loop decodes (model.decode). One gate for every loop: n_embd + 4 parameters, as the paper's alpha gate."""
+GATE_FEATURES = {  # exits.py --gate_features: what the learned exit reads, one linear layer over it for every loop
+    "change": ["max p", "top-1 flip from the loop before", "log(1 + KL(p_k-1 || p_k))", "|h_k - h_k-1| / |h_k|",
+               "loop 1 (no loop before)"],
+    "state": ["normed state", "max p", "entropy / log V", "log(1 + KL(p_k-1 || p_k))"],
+}
 
-    def __init__(self, n_embd):
+
+class ExitGate(nn.Module):
+    """The learned exit: the chance that exiting after this loop keeps the output, sigmoid(w . features + b), one gate
+    for every loop. 'change' (issue 67): how the loop changed what it decodes and its state (6 parameters): a rule of
+    settling, learned, which a token's surface cannot drive. 'state' (issue 62): the normed loop state as the head reads
+    it and three summaries of p (n_embd + 4 parameters); on hops it learned what an answer looks like, and sent OOD
+    answers out at loop 1 (RESULTS.md, "Exits that pay")."""
+
+    def __init__(self, n_embd, features="change"):
         super().__init__()
-        self.state, self.dist = nn.Linear(n_embd, 1), nn.Linear(3, 1, bias=False)
+        if features not in GATE_FEATURES:
+            raise TypeError(f"gate_features={features!r}")
+        self.kind = features
+        self.w = nn.Linear(n_embd + 3 if features == "state" else len(GATE_FEATURES["change"]), 1)
 
     @staticmethod
-    def summary(p, before):
-        """(..., 3) float32 scalar features of a decoded p (and of the p before it; None at loop 1: KL 0)."""
+    def features(kind, model, h, p, before):
+        """(..., n) float32 inputs of a `kind` gate from a loop's state h, its decoded p (model.decode) and the loop
+        before's (p, h), or None at loop 1 (flip, KL and change 0)."""
         p = p.float()
         logp = p.clamp_min(1e-30).log()
+        zero = torch.zeros_like(logp[..., 0])
+        kl, flip, moved = zero, zero, zero
+        if before is not None:
+            q, h0 = before[0].float(), before[1]
+            kl = (q * (q.clamp_min(1e-30).log() - logp)).sum(-1).clamp_min(0)
+            flip = (p.argmax(-1) != q.argmax(-1)).float()
+            moved = (h - h0).float().norm(dim=-1) / h.float().norm(dim=-1).clamp_min(1e-12)
+        if kind == "change":
+            return torch.stack([p.amax(-1), flip, kl.log1p(), moved, zero + (before is None)], -1)
         ent = -(p * logp).sum(-1) / math.log(p.size(-1))
-        kl = 0 * ent if before is None else (before * (before.float().clamp_min(1e-30).log() - logp)).sum(-1).clamp_min(0)
-        return torch.stack([p.amax(-1), ent, kl.log1p()], -1)
+        return torch.cat([model.normed(h).float(), torch.stack([p.amax(-1), ent, kl.log1p()], -1)], -1)
 
-    def forward(self, h_normed, summary):
-        """Logits (...,) of the chance, from the normed state and summary()."""
-        return (self.state(h_normed).float() + self.dist(summary)).squeeze(-1)
+    def forward(self, x):
+        """Logits (...,) of the chance, from features()."""
+        return self.w(x).squeeze(-1)
 
     def score(self, model):
-        """model.Exit's score: (h, p, p of the loop before or None) -> (B, T) chance in 0..1."""
-        return lambda h, p, before: torch.sigmoid(self(model.normed(h), self.summary(p, before)))
+        """model.Exit's score: (h, p, (p, h) of the loop before or None) -> (B, T) chance in 0..1."""
+        return lambda h, p, before: torch.sigmoid(self(self.features(self.kind, model, h, p, before)))
+
+    def load_record(self, sd):
+        """Load a gate's weights; issue 62's files (two layers: 'state' on the normed state, 'dist' on p's summaries) are
+        the one layer over their concatenation."""
+        if "state.weight" in sd:
+            sd = {"w.weight": torch.cat([sd["state.weight"], sd["dist.weight"]], 1), "w.bias": sd["state.bias"]}
+        self.load_state_dict(sd)
 
 
 def weights_crc(model):
@@ -306,6 +334,11 @@ def load_gate(ckpt, model):
     if why:
         raise CheckpointError(f"'{path}' is the exit gate of another model ({rec['of']}; {why}): train one for this one "
                               f"with python exits.py gate --ckpt={ckpt}")
-    gate = ExitGate(model.config.n_embd)
-    gate.load_state_dict(rec["gate"])
+    kind = rec.get("gate_features", "state")  # files before issue 67 read the state
+    try:
+        gate = ExitGate(model.config.n_embd, kind)
+        gate.load_record(rec["gate"])
+    except (TypeError, KeyError, RuntimeError) as e:  # a hand-edited kind or weights: one line
+        raise CheckpointError(f"'{path}' holds an exit gate that does not load (gate_features={kind!r}, allowed "
+                              f"{list(GATE_FEATURES)}; {type(e).__name__}): train it again with {train}") from None
     return gate.to(next(model.parameters()).device).eval(), rec

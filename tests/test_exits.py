@@ -138,6 +138,7 @@ def test_gate_trains_calibrates_and_runs_everywhere(token_runs, tmp_path):
     assert "calibrated: threshold" in text and sha(run0 / "ckpt.pt") == before
     rec = torch.load(run0 / "ckpt.exit_gate.pt", weights_only=True)
     assert rec["discoloop_mark"] == "exit gate" and rec["label"] == "agree" and rec["K"] == 3 and rec["bound"] == 0.2
+    assert rec["gate_features"] == "change" and rec["gate"]["w.weight"].shape == (1, 5)
     assert rec["calibration"]["met"] and rec["calibration"]["changed_top1"] <= 0.2
     assert rec["training"]["bce"] <= rec["training"]["constant_bce"] + 1e-6  # the gate learned at least the constant
     exits(f"--ckpt={run0}", "--exit_rule=gate", f"--json={tmp_path / 'g.json'}")  # every val window: the calibration data
@@ -152,8 +153,37 @@ def test_gate_trains_calibrates_and_runs_everywhere(token_runs, tmp_path):
     assert lm.exits.rule == "gate" and lm.exits.threshold == rec["threshold"]
     lm.loglikelihood([Req("The small cat", " sees the dog.")], disable_tqdm=True)
     assert lm.loops[1] > 0 and lm.loops[1] <= lm.loops[0] <= 3 * lm.loops[1]
-    exits("gate", f"--ckpt={run0}", "--gate_tokens=2000", "--gate_label=improve", "--gate_iters=20")  # replaces its own
-    assert torch.load(run0 / "ckpt.exit_gate.pt", weights_only=True)["label"] == "improve"
+    exits("gate", f"--ckpt={run0}", "--gate_tokens=2000", "--gate_label=improve", "--gate_iters=20",
+          "--gate_features=state")  # replaces its own; issue 62's gate on the state
+    rec = torch.load(run0 / "ckpt.exit_gate.pt", weights_only=True)
+    assert rec["label"] == "improve" and rec["gate_features"] == "state" and rec["gate"]["w.weight"].shape == (1, 32 + 3)
+    exits(f"--ckpt={run0}", "--exit_rule=gate", "--windows=2", f"--json={tmp_path / 's.json'}")
+
+
+def test_the_change_features_and_an_issue_62_gate():
+    """The 'change' gate reads max p, the top-1 flip, log(1 + KL) and |h_k - h_k-1| / |h_k| from the loop before, and
+    whether this is loop 1 (then the three are 0); a gate file of issue 62's two layers (state, dist) loads as the one
+    layer over their concatenation and scores the same."""
+    from discoloop.from_checkpoint import ExitGate
+    from model import GPT, GPTConfig
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=7, n_embd=8, n_head=2, n_layer=1, n_loop=3, block_size=8)).eval()
+    h0, h1 = torch.randn(2, 3, 8), torch.randn(2, 3, 8)
+    p0, p1 = torch.softmax(torch.randn(2, 3, 7), -1), torch.softmax(torch.randn(2, 3, 7) * 3, -1)
+    first = ExitGate.features("change", model, h0, p0, None)
+    assert torch.equal(first[..., 1:], torch.tensor([0.0, 0, 0, 1]).expand(2, 3, 4))
+    assert torch.allclose(first[..., 0], p0.amax(-1))
+    x = ExitGate.features("change", model, h1, p1, (p0, h0))
+    kl = (p0 * (p0.log() - p1.log())).sum(-1)
+    assert torch.equal(x[..., 1], (p1.argmax(-1) != p0.argmax(-1)).float()) and x[..., 4].eq(0).all()
+    assert torch.allclose(x[..., 2], kl.log1p()) and torch.allclose(x[..., 3], (h1 - h0).norm(dim=-1) / h1.norm(dim=-1))
+    old = {"state.weight": torch.randn(1, 8), "state.bias": torch.randn(1), "dist.weight": torch.randn(1, 3)}
+    gate = ExitGate(8, "state")
+    gate.load_record(old)
+    ent = -(p1 * p1.log()).sum(-1) / torch.log(torch.tensor(7.0))
+    want = torch.sigmoid(model.normed(h1) @ old["state.weight"][0] + old["state.bias"]
+                         + torch.stack([p1.amax(-1), ent, kl.log1p()], -1) @ old["dist.weight"][0])
+    assert torch.allclose(gate.score(model)(h1, p1, (p0, h0)), want, atol=1e-6)
 
 
 def test_a_gate_for_another_model_missing_or_foreign_is_one_line(token_runs, qa_ckpts, tmp_path):
