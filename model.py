@@ -646,8 +646,7 @@ class GPT(nn.Module):
         return h + alpha * self.transformer.ln_inj(e)
 
     def decode(self, h, before, exits):
-        """(p = softmax(head(h)/tau) as Phi encodes it, the tokens settled (B, T) by the exit): one head application.
-        before: the loop before's (p, h), or None."""
+        """(p = softmax(head(h)/tau) as Phi encodes it, the tokens settled (B, T) by the exit): one head application."""
         cfg = self.config  # a loop decodes no Phi: its exits read the plain head (phi_tau inert there, as in training)
         logits = upcast(self.head(h)) / (cfg.phi_tau if self.rec.phi else 1)
         k = cfg.phi_topk if self.rec.phi else 0
@@ -757,13 +756,11 @@ class Exit:
                              "min_loops >= 1")
 
     def settled(self, h, p, before):
-        """(B, T): the tokens this rule stops, from a loop's state h, its decoded p and the loop before's (p, h) (or
-        None)."""
+        """(B, T): the tokens this rule stops, from loop k's state h, its decoded p and loop k-1's (p, h) or None."""
         if self.rule == "gate":  # a learned exit reads the state and what it decodes
             return self.score(h, p, before) >= self.threshold
         if self.rule == "prob":
             return p.amax(-1) >= self.threshold
         if before is None:  # "kl" compares with the loop before: none at loop 1
             return torch.zeros(p.shape[:-1], dtype=torch.bool, device=p.device)
-        q = before[0]
-        return (q * (q.clamp_min(1e-30).log() - p.clamp_min(1e-30).log())).sum(-1) <= self.threshold
+        return (before[0] * (before[0].clamp_min(1e-30).log() - p.clamp_min(1e-30).log())).sum(-1) <= self.threshold

@@ -27,6 +27,22 @@ if [ "${1:-}" = gate ]; then  # issue 62: the learned exit and speculative decod
   done
   exit 0
 fi
+if [ "${1:-}" = change ]; then  # issue 67 item 4: the gate on change features beside issue 62's and the kl rule, on
+  # config/hops.py (timeout -s TERM 2700 python train.py config/hops.py --out_dir=out/hops_disco --threads=1) and the
+  # pretrain_small runs out/small_disco (plain) and out/small_disco_ll06 (--loop_loss=0.6); each gate is trained on the
+  # run's training data, calibrated on its val data, measured on the rest (hops: test_id, test_ood)
+  set -x
+  for R in hops_disco small_disco_ll06 small_disco; do
+    V="python exits.py --ckpt=out/$R --threads=1"; [ $R = hops_disco ] || V="$V --windows=256"
+    $V --exit_thresholds=0.3,0.5,0.7,0.9 --json=out/exit/${R}_prob.json
+    $V --exit_rule=kl --exit_thresholds=0.01,0.1,0.3,1 --json=out/exit/${R}_kl.json
+    for F in change state; do
+      python exits.py gate --ckpt=out/$R --threads=1 --gate_features=$F
+      $V --exit_rule=gate --json=out/exit/${R}_gate_$F.json  # 0.5 ... 0.99 and the calibrated threshold
+    done
+  done
+  exit 0
+fi
 if [ "${1:-}" = language ]; then
   set -x
   for R in disco loop; do

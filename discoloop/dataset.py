@@ -23,8 +23,6 @@ from discoloop.curriculum import check_against
 from discoloop.folder_owner import hf_folder
 from discoloop.data_meta import kind_of, read_meta
 from model import RECURRENCES, GPTConfig
-from discoloop.shards import TokenData
-from discoloop.qa_data import QAData
 from discoloop.tokenizer import check_folder_tokenizer, check_shards_tokenizer
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -65,12 +63,14 @@ def open_data(dataset, data_dir, data_args, block_size, eval_iters, seed, split_
         raise DataError(f"data_dir={data_dir!r} holds data made by data/{meta['generator']}/prepare.py, "
                         f"not dataset={dataset!r}")
     if kind_of(meta) == "tokens":
+        from discoloop.shards import TokenData  # each kind's reader is loaded by the runs that read that kind only
         if split_join:
             raise DataError(f"split_join={split_join!r} is for QA datasets; a token corpus has no splits to join")
         if data_args:
             record = {k: meta[k] for k in ("encoding",) if k in meta}  # shards made by hand record it here alone
             check_made_with(prep.DEFAULTS, data_args, {**record, **meta.get("config", {})}, data_dir)
         return TokenData(data_dir, block_size, eval_iters, seed, meta)  # meta.json read once, handed on
+    from discoloop.qa_data import QAData  # (as TokenData above)
     # a join by rule ('acc/val_id>=0.9') is not known yet: the split waits until train.py sets it
     return QAData(data_dir, block_size, {s: None if isinstance(j, str) else j for s, j in split_join.items()}, meta=meta,
                   **(qa or {}))
