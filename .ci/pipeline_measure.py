@@ -101,7 +101,7 @@ for run in args:
     model.generate(x, 4, temperature=0)
     decoders = [None, Speculative(1, 2), Speculative(3, 4), Pipeline(1), Pipeline(2)]
     decoders += [Pipeline(1, q2) for q2 in range(2, K)] + [Pipeline(2, q2) for q2 in range(3, K)]
-    decoders = [d for d in decoders if not isinstance(d, Pipeline) or d.propose < K]
+    decoders = [d for d in decoders if d is None or (d.propose if isinstance(d, Pipeline) else d.draft_loops) < K]
     best, got, costs, kept = [float("inf")] * len(decoders), [None] * len(decoders), [], list(decoders)
     for rep in range(reps):  # interleaved, the fastest of each: the load of a shared machine moves during a run
         for i, dec in enumerate(decoders):
