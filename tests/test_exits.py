@@ -158,6 +158,12 @@ def test_gate_trains_calibrates_and_runs_everywhere(token_runs, tmp_path):
     rec = torch.load(run0 / "ckpt.exit_gate.pt", weights_only=True)
     assert rec["label"] == "improve" and rec["gate_features"] == "state" and rec["gate"]["w.weight"].shape == (1, 32 + 3)
     exits(f"--ckpt={run0}", "--exit_rule=gate", "--windows=2", f"--json={tmp_path / 's.json'}")
+    rec["gate_features"] = "colour"  # a hand-edited kind: one line naming it and what is allowed
+    torch.save(rec, run0 / "ckpt.exit_gate.pt")
+    one_line(run(["exits.py", f"--ckpt={run0}", "--exit_rule=gate", "--threads=1"]), "gate_features='colour'",
+             "['change', 'state']")
+    rec["gate_features"] = "state"
+    torch.save(rec, run0 / "ckpt.exit_gate.pt")  # as it was, for the tests after this one
 
 
 def test_the_change_features_and_an_issue_62_gate():
