@@ -19,15 +19,15 @@ from run_args import runs_and_options  # noqa: E402
 from discoloop.from_checkpoint import model_from_checkpoint  # noqa: E402
 from discoloop.shards import TokenShards  # noqa: E402
 
-runs, opts = runs_and_options(__doc__, __file__)
-W, out = int(opts.get("windows", 64)), opts.get("json", "")
-torch.set_num_threads(int(opts.get("threads", 1)))
+runs, opts = runs_and_options(__doc__, __file__, {"windows": 64, "threads": 1, "json": "", "data_dir": ""})
+W, out = opts["windows"], opts["json"]
+torch.set_num_threads(opts["threads"])
 print("| run | final val_loss (log) | " + " | ".join(f"loop {n}: loss, top-1 = loop K" for n in (1, 2, 3, 4)) + " |")
 for run in runs:
     ckpt = load_checkpoint(run)
     m = model_from_checkpoint(ckpt).eval()
     K, T = m.config.n_loop, m.config.block_size
-    X, Y = TokenShards(opts.get("data_dir", ckpt["config"]["data_dir"]), "val").windows(np.zeros(W, dtype=int), np.arange(W) * T, T)
+    X, Y = TokenShards(opts["data_dir"] or ckpt["config"]["data_dir"], "val").windows(np.zeros(W, dtype=int), np.arange(W) * T, T)
     rows = [json.loads(line) for line in open(os.path.join(run, "metrics.jsonl")) if line.strip()]
     final = [r["val_loss"] for r in rows if "val_loss" in r][-1]
     loss, top = [], []

@@ -30,8 +30,8 @@ from discoloop.from_checkpoint import model_from_checkpoint  # noqa: E402
 from discoloop import speculative  # noqa: E402
 from discoloop.speculative import Lane, Lanes, Pipeline, Speculative, rows_at  # noqa: E402
 
-args, opts = runs_and_options(__doc__, __file__)
-N, threads, reps = int(opts.get("new_tokens", 200)), int(opts.get("threads", 1)), int(opts.get("reps", 3))
+args, opts = runs_and_options(__doc__, __file__, {"new_tokens": 200, "threads": 1, "reps": 3})
+N, threads, reps = opts["new_tokens"], opts["threads"], opts["reps"]
 torch.set_num_threads(threads)
 
 

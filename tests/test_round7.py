@@ -392,10 +392,17 @@ def test_a_draft_length_beside_the_pipelined_decoder():
 @pytest.mark.parametrize("script", [".ci/arms_measure.py", ".ci/pipeline_measure.py"])
 def test_the_measure_scripts_name_a_missing_run(script, tmp_path):
     """A developer script given a run folder that is not there: a traceback ending in CheckpointError (arms_measure.py
-    after printing its table's header); no run at all: exit 0, nothing measured."""
-    import sys
-    for args, needle in (([str(tmp_path / "nope")], "nope' is neither a checkpoint"), ([], "no run given")):
-        r = subprocess.run([sys.executable, script, *args], cwd=REPO, capture_output=True, text=True, timeout=120)
+    after printing its table's header); no run at all: exit 0, nothing measured. A malformed option (a word for a
+    number, a negative count, a key it does not take): a ValueError from deep inside (negative dimensions). Each is now
+    one line with the usage, before any work."""
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "ckpt.pt").write_text("not read: the options are refused first")
+    run_ = str(tmp_path / "run")
+    for args, needle in (([str(tmp_path / "nope")], "nope' is neither a checkpoint"), ([], "no run given"),
+                         ([run_, "--threads=abc"], "--threads='abc' is invalid: allowed a whole number >= 1"),
+                         ([run_, "--threads=-3"], "--threads='-3' is invalid"),
+                         ([run_, "--colour=red"], "'--colour=red' is invalid: allowed --key=value with key one of")):
+        r = run([script, *args], timeout=120)
         assert r.returncode != 0 and "Traceback" not in r.stderr and needle in r.stderr and "usage:" in r.stderr, r.stderr
         assert r.stdout == "", r.stdout
 
