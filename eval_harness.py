@@ -279,6 +279,11 @@ def check_model_args(args):
     keys = {k: p.default for k, p in inspect.signature(open_model).parameters.items() if k != "ckpt"}
     o = {k: parsed.get(k, v) for k, v in keys.items()}
     CHECKED[kv["ckpt"]] = (o, open_model(kv["ckpt"], **o))  # every option against the model, then kept for the harness
+    if int(o["speculative_draft_loops"]) or int(o["speculative_propose"]):  # as the script's --tasks (task_names)
+        from lm_eval.tasks import TaskManager
+        tm, tasks = TaskManager(include_path=opts.get("--include_path")), opts.get("--tasks", "").split(",")
+        check_speculative_tasks(True, {**o, "tasks": opts.get("--tasks", "")},
+                                declared_output_types(tm, tasks) if all(t in tm.all_tasks for t in tasks) else None)
 
 
 def leaf_tasks(loaded):

@@ -314,6 +314,10 @@ def test_speculative_keys_on_a_task_that_only_scores(token_run, tmp_path):
              f"--json={tmp_path / 'e.json'}", "--speculative_draft_loops=1", "--dtype=float32"], env=env)
     one_line(r, "speculative_draft_loops=1 has no effect", "r7_mc", "multiple_choice", "generate_until")
     assert not (tmp_path / "e.json").exists()
+    r = run(["eval_harness.py", "lm_eval", "--model", "discoloop", "--model_args",  # the harness CLI: the same line
+             f"ckpt={token_run / 'run'},speculative_propose=1", "--tasks", "r7_mc", "--include_path", str(mc_task(tmp_path))],
+            env=env)
+    one_line(r, "speculative_propose=1 has no effect", "r7_mc", "multiple_choice")
 
 
 def test_the_lm_eval_cli_checks_model_args_before_its_log_lines(token_run):
