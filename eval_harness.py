@@ -102,6 +102,8 @@ class DiscoLoopLM(TemplateLM):
             held[1] if held and held[0] == opts else open_model(ckpt, **opts))
         self.model = model.to(self.dev).eval()
         self.loops = [0, 0]  # adaptive depth: loops run by the scored inputs' tokens, and how many tokens
+        self.generated = 0  # generate_until requests: the speculative keys act on these alone
+        MADE.append(self)
         self.batch = int(batch_size)
         self.max_gen_toks = int(max_gen_toks)
         self.ctx = autocast(self.dev, resolve_dtype(dtype, self.dev))
@@ -182,6 +184,7 @@ class DiscoLoopLM(TemplateLM):
     def generate_until(self, requests, disable_tqdm=False):
         out = []
         for req in tqdm(requests, disable=disable_tqdm, desc="generate_until"):
+            self.generated += 1
             context, kw = req.args
             until = kw.get("until", [self.tok_decode([self.eot_token_id])])
             until = [until] if isinstance(until, str) else until
@@ -242,6 +245,7 @@ CHECKS = {**SYSTEM_CHECKS, "batch_size": INT_GE1, "limit": INT_GE0, "json": OUTP
           "include_path": (lambda v: v == "" or os.path.isdir(v), "'' or an existing folder of task YAMLs"), **EXIT_CHECKS,
           **SPEC_CHECKS}
 CHECKED = {}  # {ckpt path: checkpoint} read by check_model_args, so that the harness's model does not read it again
+MADE = []  # the models the harness CLI built: what their speculative keys did is said after it ends
 MODEL_ARG_INTS = {"n_loop": 0, "batch_size": 1, "max_gen_toks": 1, "exit_min_loops": 1,  # integer arguments, minimum
                   "speculative_draft_loops": 0, "speculative_len": 1, "speculative_propose": 0,
                   "speculative_recheck": 0}
@@ -279,10 +283,11 @@ def check_model_args(args):
     keys = {k: p.default for k, p in inspect.signature(open_model).parameters.items() if k != "ckpt"}
     o = {k: parsed.get(k, v) for k, v in keys.items()}
     CHECKED[kv["ckpt"]] = (o, open_model(kv["ckpt"], **o))  # every option against the model, then kept for the harness
+    named = opts.get("--tasks") or next((b for a, b in zip(args, args[1:]) if a == "-t"), "")  # the harness's -t too
     if int(o["speculative_draft_loops"]) or int(o["speculative_propose"]):  # as the script's --tasks (task_names)
         from lm_eval.tasks import TaskManager
-        tm, tasks = TaskManager(include_path=opts.get("--include_path")), opts.get("--tasks", "").split(",")
-        check_speculative_tasks(True, {**o, "tasks": opts.get("--tasks", "")},
+        tm, tasks = TaskManager(include_path=opts.get("--include_path")), named.split(",")
+        check_speculative_tasks(True, {**o, "tasks": named},
                                 declared_output_types(tm, tasks) if all(t in tm.all_tasks for t in tasks) else None)
 
 
@@ -357,7 +362,12 @@ def main(argv):
         try:
             check_model_args(argv[1:])
             sys.argv = ["lm_eval"] + passthrough_args(argv[1:])
-            return cli_evaluate()
+            out = cli_evaluate()
+            for lm in MADE:  # tasks named by a tag or group could not be told apart before they loaded: said now
+                if lm.spec is not None and not lm.generated:
+                    print(f"note: {lm.spec.name()} had no effect: the tasks only scored text (no generate_until "
+                          "request); drop the speculative_* keys for them", file=sys.stderr)
+            return out
         except (*ERRORS, ValueError) as e:  # our model's one-line errors (bad device, checkpoint, ...)
             die(e)
     try:

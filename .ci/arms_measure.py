@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from discoloop.checkpoint import load_checkpoint  # noqa: E402
+from discoloop.common import ERRORS, check_writable  # noqa: E402
 from run_args import runs_and_options  # noqa: E402
 from discoloop.from_checkpoint import model_from_checkpoint  # noqa: E402
 from discoloop.shards import TokenShards  # noqa: E402
@@ -22,12 +23,18 @@ from discoloop.shards import TokenShards  # noqa: E402
 runs, opts = runs_and_options(__doc__, __file__, {"windows": 64, "threads": 1, "json": "", "data_dir": ""})
 W, out = opts["windows"], opts["json"]
 torch.set_num_threads(opts["threads"])
+try:  # every run's checkpoint and validation shards, and the output, before the first is measured: one line each
+    if out:
+        check_writable(out, "pass --json=FILE somewhere writable")
+    opened = [(run, ckpt, TokenShards(opts["data_dir"] or ckpt["config"]["data_dir"], "val"))
+              for run in runs for ckpt in [load_checkpoint(run)]]
+except ERRORS as e:
+    sys.exit(f"arms_measure.py: {e}")
 print("| run | final val_loss (log) | " + " | ".join(f"loop {n}: loss, top-1 = loop K" for n in (1, 2, 3, 4)) + " |")
-for run in runs:
-    ckpt = load_checkpoint(run)
+for run, ckpt, val in opened:
     m = model_from_checkpoint(ckpt).eval()
     K, T = m.config.n_loop, m.config.block_size
-    X, Y = TokenShards(opts["data_dir"] or ckpt["config"]["data_dir"], "val").windows(np.zeros(W, dtype=int), np.arange(W) * T, T)
+    X, Y = val.windows(np.zeros(W, dtype=int), np.arange(W) * T, T)
     rows = [json.loads(line) for line in open(os.path.join(run, "metrics.jsonl")) if line.strip()]
     final = [r["val_loss"] for r in rows if "val_loss" in r][-1]
     loss, top = [], []

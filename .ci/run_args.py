@@ -20,7 +20,7 @@ def runs_and_options(doc, script, defaults):
             sys.exit(f"{os.path.basename(script)}: {a!r} is invalid: allowed --key=value with key one of "
                      f"{sorted(defaults)}{usage}")
         if isinstance(defaults[key], int):
-            if not (value.isdigit() and int(value) >= 1):
+            if not (value.isdecimal() and int(value) >= 1):  # isdigit() admits '²', which int() refuses
                 sys.exit(f"{os.path.basename(script)}: --{key}={value!r} is invalid: allowed a whole number >= 1{usage}")
             value = int(value)
         opts[key] = value

@@ -229,6 +229,9 @@ def exit_option(rule, threshold, min_loops, model, n_loop=None, ckpt=None):
 
 GATE_SUFFIX = ".exit_gate.pt"  # ckpt.pt's gate is ckpt.exit_gate.pt, ckpt_500.pt's ckpt_500.exit_gate.pt (exits.py gate)
 GATE_KEYS = ("gate", "crc32", "model_args", "of", "K", "min_loops", "bound", "threshold")  # what load_gate reads
+_WHOLE, _NUMBER = (lambda v: type(v) is int and v >= 0, "an integer >= 0"), (
+    lambda v: type(v) in (int, float) and math.isfinite(v), "a finite number")
+GATE_TYPES = {"crc32": _WHOLE, "K": _WHOLE, "min_loops": _WHOLE, "bound": _NUMBER, "threshold": _NUMBER}
 
 
 GATE_FEATURES = {  # exits.py --gate_features: what the learned exit reads, one linear layer over it for every loop
@@ -280,9 +283,22 @@ class ExitGate(nn.Module):
 
     def load_record(self, sd):
         """Load a gate's weights; issue 62's files (two layers: 'state' on the normed state, 'dist' on p's summaries) are
-        the one layer over their concatenation."""
-        if "state.weight" in sd:
-            sd = {"w.weight": torch.cat([sd["state.weight"], sd["dist.weight"]], 1), "w.bias": sd["state.bias"]}
+        the one layer over their concatenation. Weights of another shape, complex or not finite: a ValueError naming
+        which (a NaN gate would load, and silently never exit)."""
+        old = ("state.weight", "state.bias", "dist.weight")
+        if isinstance(sd, dict) and "state.weight" in sd:
+            if not all(torch.is_tensor(sd.get(k)) and sd[k].dim() for k in old):
+                raise ValueError(f"issue 62's two layers need {', '.join(old)} as tensors")
+            sd = {"w.weight": torch.cat([sd["state.weight"], sd["dist.weight"].view(1, -1)], 1), "w.bias": sd["state.bias"]}
+        want = {k: tuple(v.shape) for k, v in self.state_dict().items()}
+        if not isinstance(sd, dict) or set(sd) != set(want) or not all(torch.is_tensor(v) for v in sd.values()):
+            raise ValueError(f"weights {sorted(sd) if isinstance(sd, dict) else type(sd).__name__}, expected tensors "
+                             f"{sorted(want)}")
+        bad = [f"{k} of shape {tuple(v.shape)}, expected {want[k]}" for k, v in sd.items() if tuple(v.shape) != want[k]]
+        bad += [f"{k} is {v.dtype}, not real numbers" for k, v in sd.items() if v.is_complex() or v.dtype == torch.bool]
+        bad = bad or [f"{k} is not finite" for k, v in sd.items() if not torch.isfinite(v.double()).all()]
+        if bad:
+            raise ValueError(bad[0])
         self.load_state_dict(sd)
 
 
@@ -327,6 +343,10 @@ def load_gate(ckpt, model):
     if lacks:
         raise CheckpointError(f"'{path}' carries the exit gate's mark but lacks {', '.join(map(repr, lacks))} (damaged "
                               f"or hand-edited): train it again with {train}")
+    wrong = next((f"{k}={rec[k]!r} (allowed {what})" for k, (ok, what) in GATE_TYPES.items() if not ok(rec[k])), None)
+    if wrong:
+        raise CheckpointError(f"'{path}' carries the exit gate's mark but {wrong} (damaged or hand-edited): train it "
+                              f"again with {train}")
     crc, args = weights_crc(model), dataclasses.asdict(model.config)
     why = next((f"{k}: the gate's model has {v!r}, this one {args[k]!r}" for k, v in rec["model_args"].items()
                 if k in args and args[k] != v), None)  # a key newer than the gate is not compared
@@ -335,10 +355,14 @@ def load_gate(ckpt, model):
         raise CheckpointError(f"'{path}' is the exit gate of another model ({rec['of']}; {why}): train one for this one "
                               f"with python exits.py gate --ckpt={ckpt}")
     kind = rec.get("gate_features", "state")  # files before issue 67 read the state
+    if not isinstance(kind, str) or kind not in GATE_FEATURES:
+        raise CheckpointError(f"'{path}': gate_features={kind!r} is invalid: allowed {list(GATE_FEATURES)} (damaged or "
+                              f"hand-edited): train it again with {train}")
+    gate = ExitGate(model.config.n_embd, kind)
     try:
-        gate = ExitGate(model.config.n_embd, kind)
         gate.load_record(rec["gate"])
-    except (TypeError, KeyError, RuntimeError) as e:  # a hand-edited kind or weights: one line
-        raise CheckpointError(f"'{path}' holds an exit gate that does not load (gate_features={kind!r}, allowed "
-                              f"{list(GATE_FEATURES)}; {type(e).__name__}): train it again with {train}") from None
+    except ValueError as e:  # hand-edited or damaged weights: which, in one line
+        read = "" if "gate_features" in rec else "; it names no gate_features, so it was read as issue 62's 'state' gate"
+        raise CheckpointError(f"'{path}' holds a {kind!r} exit gate whose weights do not load ({e}{read}): train it "
+                              f"again with {train}") from None
     return gate.to(next(model.parameters()).device).eval(), rec

@@ -158,11 +158,19 @@ def test_gate_trains_calibrates_and_runs_everywhere(token_runs, tmp_path):
     rec = torch.load(run0 / "ckpt.exit_gate.pt", weights_only=True)
     assert rec["label"] == "improve" and rec["gate_features"] == "state" and rec["gate"]["w.weight"].shape == (1, 32 + 3)
     exits(f"--ckpt={run0}", "--exit_rule=gate", "--windows=2", f"--json={tmp_path / 's.json'}")
-    rec["gate_features"] = "colour"  # a hand-edited kind: one line naming it and what is allowed
-    torch.save(rec, run0 / "ckpt.exit_gate.pt")
-    one_line(run(["exits.py", f"--ckpt={run0}", "--exit_rule=gate", "--threads=1"]), "gate_features='colour'",
-             "['change', 'state']")
-    rec["gate_features"] = "state"
+    good = rec["gate"]["w.weight"].clone()
+    for key, value, needles in (  # hand-edited or damaged: one line naming what is wrong (a NaN gate never exits)
+            ("gate_features", "colour", ["gate_features='colour' is invalid", "['change', 'state']"]),
+            ("w.weight", torch.full_like(good, float("nan")), ["w.weight is not finite"]),
+            ("w.weight", good[:, :6], ["w.weight of shape (1, 6), expected (1, 35)"]),
+            ("w.weight", good.to(torch.complex64), ["complex64, not real numbers"]),
+            ("crc32", "x", ["crc32='x' (allowed an integer >= 0)"])):
+        bad = {**rec, "gate": {**rec["gate"], key: value}} if key == "w.weight" else {**rec, key: value}
+        torch.save(bad, run0 / "ckpt.exit_gate.pt")
+        one_line(run(["exits.py", f"--ckpt={run0}", "--exit_rule=gate", "--threads=1"]), *needles)
+    torch.save({k: v for k, v in rec.items() if k != "gate_features"} | {"gate": {**rec["gate"], "w.weight": good[:, :6]}},
+               run0 / "ckpt.exit_gate.pt")  # a file that names no kind is read as issue 62's: said when it fails
+    one_line(run(["exits.py", f"--ckpt={run0}", "--exit_rule=gate", "--threads=1"]), "read as issue 62's 'state' gate")
     torch.save(rec, run0 / "ckpt.exit_gate.pt")  # as it was, for the tests after this one
 
 

@@ -314,10 +314,11 @@ def test_speculative_keys_on_a_task_that_only_scores(token_run, tmp_path):
              f"--json={tmp_path / 'e.json'}", "--speculative_draft_loops=1", "--dtype=float32"], env=env)
     one_line(r, "speculative_draft_loops=1 has no effect", "r7_mc", "multiple_choice", "generate_until")
     assert not (tmp_path / "e.json").exists()
-    r = run(["eval_harness.py", "lm_eval", "--model", "discoloop", "--model_args",  # the harness CLI: the same line
-             f"ckpt={token_run / 'run'},speculative_propose=1", "--tasks", "r7_mc", "--include_path", str(mc_task(tmp_path))],
-            env=env)
-    one_line(r, "speculative_propose=1 has no effect", "r7_mc", "multiple_choice")
+    for flag in ("--tasks", "-t"):  # the harness CLI, its tasks by either name: the same line
+        r = run(["eval_harness.py", "lm_eval", "--model", "discoloop", "--model_args",
+                 f"ckpt={token_run / 'run'},speculative_propose=1", flag, "r7_mc", "--include_path",
+                 str(mc_task(tmp_path))], env=env)
+        one_line(r, "speculative_propose=1 has no effect", "r7_mc", "multiple_choice")
 
 
 def test_the_lm_eval_cli_checks_model_args_before_its_log_lines(token_run):
@@ -405,10 +406,16 @@ def test_the_measure_scripts_name_a_missing_run(script, tmp_path):
     for args, needle in (([str(tmp_path / "nope")], "nope' is neither a checkpoint"), ([], "no run given"),
                          ([run_, "--threads=abc"], "--threads='abc' is invalid: allowed a whole number >= 1"),
                          ([run_, "--threads=-3"], "--threads='-3' is invalid"),
-                         ([run_, "--colour=red"], "'--colour=red' is invalid: allowed --key=value with key one of")):
+                         ([run_, "--colour=red"], "'--colour=red' is invalid: allowed --key=value with key one of"),
+                         ([run_, "--threads=\u00b2"], "is invalid: allowed a whole number >= 1")):  # isdigit's '²'
         r = run([script, *args], timeout=120)
         assert r.returncode != 0 and "Traceback" not in r.stderr and needle in r.stderr and "usage:" in r.stderr, r.stderr
         assert r.stdout == "", r.stdout
+    if script.endswith("arms_measure.py"):  # the output and every run opened before the first is measured: one line
+        for args, needle in ((["--json=/proc/no/x.json"], "cannot write '/proc/no/x.json'"), ([], "ckpt.pt")):
+            r = run([script, run_, *args], timeout=120)
+            err = r.stderr.strip()
+            assert r.returncode != 0 and len(err.splitlines()) == 1 and needle in err and r.stdout == "", r.stderr
 
 
 def test_loop_sample_without_loops_names_what_is_missing(tiny_data, tmp_path):
