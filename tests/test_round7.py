@@ -292,6 +292,7 @@ def mc_task(folder):
     data.write_text("".join(json.dumps(d) + "\n" for d in [
         {"question": "The small cat sees the", "choices": [" dog.", " ==="], "label": 0}]))
     (folder / "mc.yaml").write_text(f"""task: r7_mc
+tag: r7_tag
 dataset_path: json
 dataset_kwargs:
   data_files:
@@ -319,6 +320,11 @@ def test_speculative_keys_on_a_task_that_only_scores(token_run, tmp_path):
                  f"ckpt={token_run / 'run'},speculative_propose=1", flag, "r7_mc", "--include_path",
                  str(mc_task(tmp_path))], env=env)
         one_line(r, "speculative_propose=1 has no effect", "r7_mc", "multiple_choice")
+    r = run(["eval_harness.py", "lm_eval", "--model", "discoloop", "--model_args",  # a tag: told only once it has run
+             f"ckpt={token_run / 'run'},speculative_propose=1", "--tasks", "r7_tag", "--include_path",
+             str(mc_task(tmp_path)), "--limit", "1"], env=env)
+    assert r.returncode == 0 and "note: pipelined" in r.stderr and "had no effect: the tasks only scored" in r.stderr, \
+        r.stderr[-2000:]
 
 
 def test_the_lm_eval_cli_checks_model_args_before_its_log_lines(token_run):
