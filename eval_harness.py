@@ -356,6 +356,15 @@ def passthrough_args(args):
     return args
 
 
+def note_idle_speculation():
+    """Tasks named by a tag or group cannot be told apart before they load (check_model_args): a model of the
+    harness CLI whose speculative keys met no generate_until request says so when the evaluation ends."""
+    for lm in MADE:
+        if lm.spec is not None and not lm.generated:
+            print(f"note: {lm.spec.name()} had no effect: the tasks only scored text (no generate_until request); "
+                  "drop the speculative_* keys for them", file=sys.stderr)
+
+
 def main(argv):
     if argv and argv[0] == "lm_eval":  # the harness CLI, with "discoloop" registered
         from lm_eval.__main__ import cli_evaluate
@@ -363,10 +372,7 @@ def main(argv):
             check_model_args(argv[1:])
             sys.argv = ["lm_eval"] + passthrough_args(argv[1:])
             out = cli_evaluate()
-            for lm in MADE:  # tasks named by a tag or group could not be told apart before they loaded: said now
-                if lm.spec is not None and not lm.generated:
-                    print(f"note: {lm.spec.name()} had no effect: the tasks only scored text (no generate_until "
-                          "request); drop the speculative_* keys for them", file=sys.stderr)
+            note_idle_speculation()
             return out
         except (*ERRORS, ValueError) as e:  # our model's one-line errors (bad device, checkpoint, ...)
             die(e)

@@ -315,16 +315,24 @@ def test_speculative_keys_on_a_task_that_only_scores(token_run, tmp_path):
              f"--json={tmp_path / 'e.json'}", "--speculative_draft_loops=1", "--dtype=float32"], env=env)
     one_line(r, "speculative_draft_loops=1 has no effect", "r7_mc", "multiple_choice", "generate_until")
     assert not (tmp_path / "e.json").exists()
-    for flag in ("--tasks", "-t"):  # the harness CLI, its tasks by either name: the same line
-        r = run(["eval_harness.py", "lm_eval", "--model", "discoloop", "--model_args",
-                 f"ckpt={token_run / 'run'},speculative_propose=1", flag, "r7_mc", "--include_path",
-                 str(mc_task(tmp_path))], env=env)
-        one_line(r, "speculative_propose=1 has no effect", "r7_mc", "multiple_choice")
-    r = run(["eval_harness.py", "lm_eval", "--model", "discoloop", "--model_args",  # a tag: told only once it has run
-             f"ckpt={token_run / 'run'},speculative_propose=1", "--tasks", "r7_tag", "--include_path",
-             str(mc_task(tmp_path)), "--limit", "1"], env=env)
-    assert r.returncode == 0 and "note: pipelined" in r.stderr and "had no effect: the tasks only scored" in r.stderr, \
-        r.stderr[-2000:]
+    r = run(["eval_harness.py", "lm_eval", "--model", "discoloop", "--model_args",  # the harness CLI ('-t' = '--tasks')
+             f"ckpt={token_run / 'run'},speculative_propose=1", "-t", "r7_mc", "--include_path", str(mc_task(tmp_path))],
+            env=env)
+    one_line(r, "speculative_propose=1 has no effect", "r7_mc", "multiple_choice")
+
+
+
+def test_a_tag_of_tasks_that_only_score_is_noted_after_the_harness_cli(monkeypatch, capsys):
+    """A tag or group names no output type before it loads: the harness CLI's models whose speculative keys met no
+    generate_until request say so when the evaluation ends (eval_harness.note_idle_speculation)."""
+    import types
+    import eval_harness
+    from discoloop.speculative import Pipeline
+    idle, used = (types.SimpleNamespace(spec=Pipeline(1), generated=n) for n in (0, 3))
+    monkeypatch.setattr(eval_harness, "MADE", [idle, used, types.SimpleNamespace(spec=None, generated=0)])
+    eval_harness.note_idle_speculation()
+    err = capsys.readouterr().err
+    assert err.count("note:") == 1 and "pipelined (propose at loop 1) had no effect: the tasks only scored" in err, err
 
 
 def test_the_lm_eval_cli_checks_model_args_before_its_log_lines(token_run):
