@@ -12,7 +12,8 @@ at; a pretraining run on the first --windows windows of its val shards: loss, lo
 top-1 is not loop K's. Tables are printed and JSON written (--json=PATH, default OUT_DIR/exits.json).
 
 `gate` trains from_checkpoint.ExitGate (one for every loop; --gate_features: 'change', 6 parameters reading how the loop
-changed what it decodes and its state; 'state', n_embd + 4, issue 62's) on the frozen model, on its own training data, with labels the model makes itself: 'agree' (loop k's top-1 is loop K's: CALM's consistency) or 'improve' (the
+changed what it decodes and its state; 'state', n_embd + 4, issue 62's) on the frozen model, on its own training data,
+with labels the model makes itself: 'agree' (loop k's top-1 is loop K's: CALM's consistency) or 'improve' (the
 next loop does not lower this token's loss: Ouro's second stage, its soft label). Its threshold is then calibrated on
 held-out data (the val splits; a pretraining run's last --calib_windows val windows, apart from the first ones measured)
 as the lowest at which at most --gate_bound of the exited tokens have a top-1 other than loop K's (the real adaptive
@@ -33,8 +34,8 @@ from discoloop.common import (ERRORS, SYSTEM_CHECKS, CheckpointError, ConfigErro
                               check_writable, die, setup, table)
 from discoloop.ownership import FIGURE_METADATA, marked, owned
 from configurator import INT_GE0, INT_GE1, OUTPUT, configure, num, one_of
-from discoloop.from_checkpoint import (GATE_FEATURES, ExitGate, beside_checkpoint, exit_option, gate_path, lead_pads, load,
-                                       weights_crc)
+from discoloop.from_checkpoint import (GATE_FEATURES, ExitGate, beside_checkpoint, exit_option, gate_path, lead_pads,
+                                       load, weights_crc)
 from model import Exit
 from discoloop.precision import resolve_dtype
 from discoloop.shards import TokenShards

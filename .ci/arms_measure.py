@@ -26,8 +26,10 @@ torch.set_num_threads(opts["threads"])
 try:  # every run's checkpoint and validation shards, and the output, before the first is measured: one line each
     if out:
         check_writable(out, "pass --json=FILE somewhere writable")
-    opened = [(run, ckpt, TokenShards(opts["data_dir"] or ckpt["config"]["data_dir"], "val"))
-              for run in runs for ckpt in [load_checkpoint(run)]]
+    opened = []
+    for run in runs:
+        ckpt = load_checkpoint(run)
+        opened.append((run, ckpt, TokenShards(opts["data_dir"] or ckpt["config"]["data_dir"], "val")))
 except ERRORS as e:
     sys.exit(f"arms_measure.py: {e}")
 print("| run | final val_loss (log) | " + " | ".join(f"loop {n}: loss, top-1 = loop K" for n in (1, 2, 3, 4)) + " |")

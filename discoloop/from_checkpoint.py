@@ -229,8 +229,8 @@ def exit_option(rule, threshold, min_loops, model, n_loop=None, ckpt=None):
 
 GATE_SUFFIX = ".exit_gate.pt"  # ckpt.pt's gate is ckpt.exit_gate.pt, ckpt_500.pt's ckpt_500.exit_gate.pt (exits.py gate)
 GATE_KEYS = ("gate", "crc32", "model_args", "of", "K", "min_loops", "bound", "threshold")  # what load_gate reads
-_WHOLE, _NUMBER = (lambda v: type(v) is int and v >= 0, "an integer >= 0"), (
-    lambda v: type(v) in (int, float) and math.isfinite(v), "a finite number")
+_WHOLE = (lambda v: type(v) is int and v >= 0, "an integer >= 0")
+_NUMBER = (lambda v: type(v) in (int, float) and math.isfinite(v), "a finite number")
 GATE_TYPES = {"crc32": _WHOLE, "K": _WHOLE, "min_loops": _WHOLE, "bound": _NUMBER, "threshold": _NUMBER}
 
 
@@ -249,9 +249,7 @@ class ExitGate(nn.Module):
     answers out at loop 1 (RESULTS.md, "Exits that pay")."""
 
     def __init__(self, n_embd, features="change"):
-        super().__init__()
-        if features not in GATE_FEATURES:
-            raise TypeError(f"gate_features={features!r}")
+        super().__init__()  # `features` is checked where it is read: exits.py's --gate_features, load_gate's file
         self.kind = features
         self.w = nn.Linear(n_embd + 3 if features == "state" else len(GATE_FEATURES["change"]), 1)
 

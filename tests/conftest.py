@@ -156,3 +156,24 @@ def pytest_sessionfinish(session, exitstatus):
     if new:
         print(f"\nerror: the suite wrote into the checkout: {new[:10]}", file=sys.stderr)
         session.exitstatus = 1
+
+
+def mc_task(folder, name, rows, metrics=("acc",), tag=None):
+    """A local lm-eval multiple-choice task (loglikelihood only: nothing is generated) in folder: mc.jsonl of `rows`
+    ({question, choices, label}) and mc.yaml naming it `name` (and `tag`); returns the folder (an --include_path)."""
+    data = folder / "mc.jsonl"
+    data.write_text("".join(json.dumps(d) + "\n" for d in rows))
+    (folder / "mc.yaml").write_text(f"""task: {name}
+{f"tag: {tag}" if tag else ""}
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+test_split: test
+output_type: multiple_choice
+doc_to_text: "{{{{question}}}}"
+doc_to_target: "{{{{label}}}}"
+doc_to_choice: "{{{{choices}}}}"
+metric_list:
+""" + "".join(f"  - metric: {m}\n" for m in metrics))
+    return folder

@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import run
+from conftest import mc_task, run
 
 TINY = ["config/pretrain_tiny.py", "--max_iters=30", "--eval_interval=30", "--dtype=float32", "--eval_iters=2",
         "--threads=1", "--n_embd=64", "--n_loop=2", "--phi_topk=16", "--block_size=64"]
@@ -83,28 +83,13 @@ def test_generate_until_stops(lm):
 
 
 def test_local_tasks_through_the_harness(ckpt, tmp_path):
-    mc = tmp_path / "mc.jsonl"
-    mc.write_text("".join(json.dumps(d) + "\n" for d in [
-        {"question": "12 + 30 =", "choices": [" 42.", " 17.", " cat."], "label": 0},
-        {"question": "The small cat sees the", "choices": [" dog.", " 7 + 1", " ==="], "label": 0},
-        {"question": "3 * 3 =", "choices": [" 9.", " dog."], "label": 0}]))
+    mc_task(tmp_path, "tiny_mc", [{"question": "12 + 30 =", "choices": [" 42.", " 17.", " cat."], "label": 0},
+                                  {"question": "The small cat sees the", "choices": [" dog.", " 7 + 1", " ==="], "label": 0},
+                                  {"question": "3 * 3 =", "choices": [" 9.", " dog."], "label": 0}],
+            metrics=("acc", "acc_norm"))
     lam = tmp_path / "lam.jsonl"
     lam.write_text("".join(json.dumps({"text": t}) + "\n" for t in [
         "The red cat sees the dog", "The old engine builds the city", "2 + 2 = 4"]))
-    (tmp_path / "mc.yaml").write_text(f"""task: tiny_mc
-dataset_path: json
-dataset_kwargs:
-  data_files:
-    test: {mc}
-test_split: test
-output_type: multiple_choice
-doc_to_text: "{{{{question}}}}"
-doc_to_target: "{{{{label}}}}"
-doc_to_choice: "{{{{choices}}}}"
-metric_list:
-  - metric: acc
-  - metric: acc_norm
-""")
     (tmp_path / "lam.yaml").write_text(f"""task: tiny_lambada
 dataset_path: json
 dataset_kwargs:

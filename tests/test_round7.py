@@ -287,25 +287,10 @@ def test_a_config_files_encoding_against_shards_of_a_tokenizer_file(tmp_path):
 
 
 def mc_task(folder):
-    """A local multiple-choice task (loglikelihood only: nothing is generated), 'r7_mc'."""
-    data = folder / "mc.jsonl"
-    data.write_text("".join(json.dumps(d) + "\n" for d in [
-        {"question": "The small cat sees the", "choices": [" dog.", " ==="], "label": 0}]))
-    (folder / "mc.yaml").write_text(f"""task: r7_mc
-tag: r7_tag
-dataset_path: json
-dataset_kwargs:
-  data_files:
-    test: {data}
-test_split: test
-output_type: multiple_choice
-doc_to_text: "{{{{question}}}}"
-doc_to_target: "{{{{label}}}}"
-doc_to_choice: "{{{{choices}}}}"
-metric_list:
-  - metric: acc
-""")
-    return folder
+    """A local multiple-choice task (loglikelihood only: nothing is generated), 'r7_mc', tagged 'r7_tag'."""
+    from conftest import mc_task as write
+    return write(folder, "r7_mc", [{"question": "The small cat sees the", "choices": [" dog.", " ==="], "label": 0}],
+                 tag="r7_tag")
 
 
 def test_speculative_keys_on_a_task_that_only_scores(token_run, tmp_path):
