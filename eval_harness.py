@@ -34,7 +34,7 @@ from discoloop.from_checkpoint import (EXIT_CHECKS, EXIT_KEYS, beside_checkpoint
                        model_from_checkpoint, trained_on_tokens)
 from model import Exit
 from discoloop.common import ERRORS, SYSTEM_CHECKS, CheckpointError, ConfigError, atomic_write, check_writable, die
-from discoloop.ownership import marked, owned
+from discoloop.ownership import marked, target
 from discoloop.folder_owner import hf_folder
 from configurator import INT_GE0, INT_GE1, OUTPUT, configure
 from discoloop.precision import resolve_dtype
@@ -381,7 +381,7 @@ def main(argv):
         if not c["ckpt"]:
             raise ConfigError("--ckpt=PATH is required (a checkpoint file or run folder)")
         path = c["json"] or beside_checkpoint(c["ckpt"], "eval_harness.json")  # decided before the evaluation
-        owned(path, "eval_harness.py", "json")
+        path = target(path, "eval_harness.py", "json")  # a file not ours stays; the result goes beside it
         check_writable(path, "pass --json=PATH somewhere writable")
         import lm_eval
         from lm_eval.tasks import TaskManager

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from discoloop import plots
 from discoloop.common import (ERRORS, SYSTEM_CHECKS, CheckpointError, ConfigError, DataError, atomic_write, autocast,
                               check_writable, die, setup, table)
-from discoloop.ownership import FIGURE_METADATA, marked, owned
+from discoloop.ownership import FIGURE_METADATA, marked, owned, target
 from configurator import INT_GE0, INT_GE1, OUTPUT, configure, num, one_of
 from discoloop.from_checkpoint import (GATE_FEATURES, ExitGate, beside_checkpoint, exit_option, gate_path, lead_pads,
                                        load, weights_crc)
@@ -458,7 +458,7 @@ def parse_args(argv):
     try:
         doc = "\n".join([__doc__.strip(), "", usage] + [f"  {v or '(none)':<6} {h}" for v, (_, _, h) in VERBS.items()])
         a = configure(DEFAULTS, rest, doc, __file__, CHECKS)  # -h / --help: this text and every key
-        owned(a["png"], "figure", "png")  # a figure there is replaced only if this project drew it
+        a["png"] = target(a["png"], "figure", "png")  # a figure there is replaced only if this project drew it
     except ConfigError as e:
         die(e)
     if not a["ckpt"]:
@@ -488,7 +488,7 @@ def main(argv):
             check_writable(gate_path(a["ckpt"]), "the gate is written beside its checkpoint: copy the run folder "
                                                  "somewhere writable")
         out = a["json"] or (beside_checkpoint(a["ckpt"], "exits.json") if verb == "" else "")  # before the work
-        owned(out, "exits.py", "json")
+        out = target(out, "exits.py", "json")
         if out:
             check_writable(out, "pass --json=PATH somewhere writable")
         model, data = load(a["ckpt"], a["data_dir"], a["raw"], tokens_ok=True)

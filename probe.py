@@ -24,7 +24,7 @@ from discoloop.from_checkpoint import beside_checkpoint, lead_pads, load
 from discoloop import plots
 from discoloop.common import (ERRORS, SYSTEM_CHECKS, CheckpointError, ConfigError, DataError, atomic_write, autocast,
                               die, setup, table)
-from discoloop.ownership import FIGURE_METADATA, marked, owned
+from discoloop.ownership import FIGURE_METADATA, marked, target
 from configurator import INT_GE1, OUTPUT, configure, num, one_of
 from discoloop.precision import resolve_dtype
 from discoloop.curriculum import STOP_METRIC_CHECK
@@ -246,7 +246,7 @@ def acc_loops(text, model):
 
 
 def run_plot(dirs, a):
-    owned(a["json"], "probe.py", "json")
+    a["json"] = target(a["json"], "probe.py", "json")
     return plots.plot(dirs, a["png"], a["stop_metric"], a["stop_patience"], a["at_epoch"], a["hops"])
 
 
@@ -334,7 +334,7 @@ def parse_args(argv):
     if cmd == "plot":
         a["png"] = a["png"] or "curves.png"  # plot always draws: its default figure is checked like a given one
     try:
-        owned(a["png"], "figure", "png")  # a figure there is replaced only if this project drew it
+        a["png"] = target(a["png"], "figure", "png")  # a figure there is replaced only if this project drew it
     except ConfigError as e:
         die(e)
     if "ckpt" in VERBS[cmd][1] and not a["ckpt"]:
@@ -345,7 +345,7 @@ def parse_args(argv):
 def run_probe(cmd, a, device):
     """A checkpoint command: (results, JSON path)."""
     out = a["json"] or beside_checkpoint(a["ckpt"], f"probe_{cmd}.json")  # before the work, not after it
-    owned(out, "probe.py", "json")
+    out = target(out, "probe.py", "json")
     model, data = load(a["ckpt"], a["data_dir"], a["raw"])
     with torch.no_grad(), autocast(device, resolve_dtype(a["dtype"], device)):
         return VERBS[cmd][0](model, data, a), out

@@ -7,7 +7,7 @@ import json
 import os
 
 from discoloop.common import atomic_write, read_json, table
-from discoloop.ownership import marked, owned
+from discoloop.ownership import marked, target
 from discoloop.memory import plan
 
 
@@ -18,12 +18,11 @@ class RowLog:
     @staticmethod
     def check(path):
         """Whether a RowLog may write to path, asked before any work: only to a new file or one a RowLog began (its
-        first row's mark); a pipe or a user's file is one line (ownership.owned)."""
-        owned(path, "rows", "json", "extended")
+        first row's mark); a user's file is left as it is and the rows go beside it (ownership.target)."""
+        return target(path, "rows", "json")
 
     def __init__(self, header, path, meta):
-        self.check(path)
-        self.header, self.path, self.records = header, path, {}
+        self.header, self.path, self.records = header, self.check(path), {}
         print(table(header, []), flush=True)
         self.write(marked({"run": meta}, "rows"))
 
@@ -47,9 +46,9 @@ class RowLog:
 
 
 def read_plan_cache(path):
-    """The plan cache at path ({} if absent): a JSON object bench.py step wrote (ownership.owned: its mark), else one line
-    (a user's file, a device, a pipe or a folder is never read as one nor overwritten)."""
-    if not path or not owned(path, "plan cache", "plan_cache", "kept and extended"):
+    """The plan cache at path ({} if absent or empty): a JSON object bench.py step wrote (its mark); path is
+    ownership.target's, so a user's file is never read as one nor overwritten."""
+    if not path or not os.path.isfile(path) or not os.path.getsize(path):
         return marked({}, "plan cache")
     return marked(read_json(path), "plan cache")  # an earlier commit's cache (its own mark) is kept, marked as today's
 
@@ -61,10 +60,11 @@ def cached_plan(c, r, dtype):
     keep = {k: v for k, v in c.items() if k not in ("variants", "steps", "warmup", "json", "plan_cache", "device",
                                                      "threads", "compile", "compile_mode")}
     key = json.dumps({**keep, "recurrence": r, "dtype": str(dtype)}, sort_keys=True, default=str)
-    cache = read_plan_cache(c["plan_cache"])
+    path = target(c["plan_cache"], "plan cache", "plan_cache")  # a user's file stays; the cache goes beside it
+    cache = read_plan_cache(path)
     v = cache.get(key)
     if not (type(v) in (int, float) and 0 < v < 1e6):  # GB: a plan of a petabyte is not one
         cache[key] = plan({**c, "recurrence": r, "gradient_accumulation_steps": 1}, 1, dtype).total / 1e9
-        if c["plan_cache"]:
-            atomic_write(c["plan_cache"], json.dumps(cache))  # a symbolic link stays one (atomic_write)
+        if path:
+            atomic_write(path, json.dumps(cache))  # a symbolic link stays one (atomic_write)
     return cache[key]

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import zlib
 
 import torch
 
@@ -292,3 +293,22 @@ def stop_on_signals():
     signal.signal(signal.SIGTERM, request_stop)
     signal.signal(signal.SIGINT, request_stop)
     return stop
+
+
+def content_crc(obj, crc=0):
+    """CRC-32 of a checkpoint's content: every tensor's dtype, shape and bytes, every plain value, in a
+    fixed order. Stored in the file, so flipped bytes inside tensor data (which torch.load reads without
+    complaint) are found at load time. zlib's CRC runs at GB/s: seconds for a 440M run's checkpoint."""
+    if isinstance(obj, torch.Tensor):
+        t = obj.detach().cpu().contiguous().reshape(-1)
+        crc = zlib.crc32(f"{t.dtype}{tuple(obj.shape)}".encode(), crc)
+        return zlib.crc32(t.view(torch.uint8).numpy(), crc) if t.numel() else crc
+    if isinstance(obj, dict):
+        for k in sorted(obj, key=str):
+            crc = content_crc(obj[k], zlib.crc32(repr(k).encode(), crc))
+        return crc
+    if isinstance(obj, (list, tuple)):
+        for v in obj:
+            crc = content_crc(v, crc)
+        return crc
+    return zlib.crc32(repr(obj).encode(), crc)

@@ -7,6 +7,8 @@ in this file.
 
 import sys
 
+from discoloop.common import content_crc
+
 # keys renamed since: Phi's settings drive PonderLM as well as DiscoLoop, so they are not called disco_*
 RENAMED = {"disco_tau": "phi_tau", "disco_topk": "phi_topk", "disco_chunk": "phi_chunk"}
 
@@ -70,29 +72,18 @@ def old_folder(meta, generator, keys):
 OLD_GATE_FILE = "exit_gate.pt"
 
 
-# What earlier commits wrote where the project writes, before those files carried ownership.MARK (or under a mark of
-# their own), by writer (ownership.OWNERS): each a test true only of that writer's shape, so a user's file that merely
-# shares a key or a name stays refused. ownership.owned() replaces such a file with one note.
-def _old_probe(o):  # probe.py <= 082ca7f: {"probe": verb, <loop count or split>: {...} or [...], ...}
-    return isinstance(o.get("probe"), str) and len(o) > 1 and all(isinstance(v, (dict, list)) for k, v in o.items()
-                                                                  if k != "probe")
-
-
-def _old_figure(head):  # matplotlib's PNG of probe.py plot / sweep / exit before the Creator mark, at their own sizes
-    if head[:8] != b"\x89PNG\r\n\x1a\n" or b"tEXtSoftware\x00Matplotlib version" not in head[:128]:
-        return False
-    size = (int.from_bytes(head[16:20], "big"), int.from_bytes(head[20:24], "big"))
-    return size in {(1100, 396), (540, 384)} | {(432 * n, 384) for n in range(1, 9)}  # figsize x dpi of each
+# What earlier commits wrote where the project writes, before those files carried ownership.MARK, by writer
+# (ownership.OWNERS): only a proof counts, never a shape (a user's file may share any shape). A checkpoint proves itself
+# by the CRC-32 of its whole content written inside it (common.content_crc: no file matches it by accident); the plan
+# cache by the mark of its own it carried then. Anything else unmarked is left as it is: ownership.target writes beside.
+def _old_checkpoint(o):
+    return type(o.get("crc32")) is int and "model_args" in o and \
+        content_crc({k: v for k, v in o.items() if k != "crc32"}) == o["crc32"]
 
 
 OLD_WRITERS = {
-    "checkpoint": lambda o: {"model_args", "crc32"} <= set(o),  # its checksum and model record
-    "probe.py": _old_probe,
-    "eval_harness.py": lambda o: {"row", "results", "n_loop", "mean_loops"} <= set(o) and isinstance(o["results"], dict),
+    "checkpoint": _old_checkpoint,
     "plan cache": lambda o: o.get("discoloop_plan_cache") == 1,  # that commit's own mark
-    "metrics": lambda o: type(o.get("iter")) is int and isinstance(o.get("time"), (int, float)) and len(o) > 3,
-    "rows": lambda o: isinstance(o.get("run"), dict) and {"device", "dtype", "torch"} <= set(o["run"]),
-    "figure": _old_figure,
 }
 
 

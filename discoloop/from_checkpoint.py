@@ -228,6 +228,7 @@ def exit_option(rule, threshold, min_loops, model, n_loop=None, ckpt=None):
 
 
 GATE_SUFFIX = ".exit_gate.pt"  # ckpt.pt's gate is ckpt.exit_gate.pt, ckpt_500.pt's ckpt_500.exit_gate.pt (exits.py gate)
+OTHER_GATE_SUFFIX = ".gate.pt"  # a checkpoint not named *.pt keeps its whole name: ckpt.bak's is ckpt.bak.gate.pt
 GATE_KEYS = ("gate", "crc32", "model_args", "of", "K", "min_loops", "bound", "threshold")  # what load_gate reads
 _WHOLE = (lambda v: type(v) is int and v >= 0, "an integer >= 0")
 _NUMBER = (lambda v: type(v) in (int, float) and math.isfinite(v), "a finite number")
@@ -311,9 +312,12 @@ def checkpoint_file(ckpt):
 
 
 def gate_path(ckpt):
-    """Where the exit gate of a checkpoint lives: beside it, named after it (ckpt.pt: ckpt.exit_gate.pt), so two
-    checkpoints of one folder keep two gates and training one never replaces the other's."""
-    return os.path.splitext(checkpoint_file(ckpt))[0] + GATE_SUFFIX
+    """Where the exit gate of a checkpoint lives: beside it, named after it, one gate file per checkpoint file. X.pt's
+    is X.exit_gate.pt (as round 7 named it, so its gates still open); any other name keeps its whole name, F.gate.pt
+    (ckpt.bak: ckpt.bak.gate.pt, a.pth: a.pth.gate.pt). The two forms never meet (before 'gate.pt' one has '_', the
+    other '.'), and each is one-to-one: no two checkpoint files share a gate file (test_exits)."""
+    f = checkpoint_file(ckpt)
+    return f[:-3] + GATE_SUFFIX if f.endswith(".pt") else f + OTHER_GATE_SUFFIX
 
 
 def load_gate(ckpt, model):

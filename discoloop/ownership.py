@@ -2,7 +2,9 @@
 Which files are the project's, by a mark, not a name: the one table of marks (OWNERS, writer -> how its files are
 stored), `marked` (what every writer adds to what it writes) and `owned` (the one check every script makes before it
 replaces, extends or deletes a file). What earlier commits wrote before the mark is read through compat.py
-(compat.old_writer): such a file is replaced with one note. Imports common.py (errors, what a path is) and compat.py.
+(compat.old_writer) and counts only by a proof (a checkpoint's content CRC, the plan cache's own old mark), never by
+its shape. Any other unmarked file is the user's: `target` leaves it as it is and writes beside it. Imports common.py
+(errors, what a path is) and compat.py.
 """
 import json
 import os
@@ -60,7 +62,7 @@ def _found(path, writer):
             tail = f.read()
         if FIGURE_METADATA["Creator"].encode() in head + tail:
             return None
-        return "old" if compat.old_writer(writer, head) else "a file without the figure mark"
+        return "a file without the figure mark"
     if form == "torch":
         try:  # mmap: the pickle is read, the tensors are not; weights_only: nobody's code runs
             obj = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
@@ -78,36 +80,69 @@ def _found(path, writer):
 _NOTED = set()
 
 
-def is_ours(path, writer):
-    """owned()'s decision without a word: whether the regular file at path is writer's, today's or an earlier commit's."""
-    return os.path.isfile(path) and _found(path, writer) in (None, "old")
-
-
-def owned(path, writer, key, verb="replaced"):
-    """May `writer` (OWNERS: 'checkpoint', 'probe.py', 'plan cache', ...) write the file at path, given as key=path?
-    True when it carries writer's mark, or is writer's file of an earlier commit (one note: it is replaced all the
-    same); False when path is absent or an empty regular file (either may be written). Anything else is a one-line
-    ConfigError naming key, path and what was found; a pipe, socket, device or folder is refused before it is opened
-    (a named pipe would block for ever)."""
+def _judge(path, key):
+    """'new' (absent, a dangling link, or an empty regular file: either may be written) or 'file'; a pipe, socket,
+    device or folder is one ConfigError line before it is opened (a named pipe would block for ever)."""
     try:
         st = os.stat(path)
     except FileNotFoundError:
-        return False  # new (a dangling link: its target is made)
+        return "new"
     except OSError as e:
         raise ConfigError(f"{key}={path!r} cannot be read ({e.strerror}): choose another path") from None
     is_ = not_regular(path)
     if is_:
         raise ConfigError(f"{key}={path!r} is {is_}, not a regular file: allowed a new path or a file this project "
                           "wrote; choose another path")
-    if st.st_size == 0:
-        return False
+    return "new" if st.st_size == 0 else "file"
+
+
+def _note_once(path, text):
+    if os.path.realpath(path) not in _NOTED:  # a script that checks twice says it once
+        _NOTED.add(os.path.realpath(path))
+        print(text, file=sys.stderr)
+
+
+def _proven(path, writer, key, verb):
+    """_found, with one note when the proof is an earlier commit's (compat.old_writer)."""
     found = _found(path, writer)
     if found == "old":
-        if os.path.realpath(path) not in _NOTED:  # a script that checks twice says it once
-            _NOTED.add(os.path.realpath(path))
-            print(f"note: {key}={path!r} was written by an earlier commit of this project ({writer}, before today's "
-                  f"{MARK!r}): {verb}", file=sys.stderr)
-    elif found:
+        _note_once(path, f"note: {key}={path!r} was written by an earlier commit of this project ({writer}, proven by "
+                         f"its own content, before today's {MARK!r}): {verb}")
+    return None if found == "old" else found
+
+
+def is_ours(path, writer):
+    """owned()'s decision without a word: whether the regular file at path is writer's, today's or an earlier commit's."""
+    return os.path.isfile(path) and _found(path, writer) in (None, "old")
+
+
+def owned(path, writer, key, verb="replaced"):
+    """For a file that cannot move (a run's ckpt.pt, its metrics.jsonl): may `writer` (OWNERS) write the file at path,
+    given as key=path? True when it carries writer's mark, or proves itself writer's file of an earlier commit
+    (compat.old_writer; one note); False when path is new or empty. Anything else is a one-line ConfigError naming
+    key, path and what was found: it is never touched."""
+    if _judge(path, key) == "new":
+        return False
+    found = _proven(path, writer, key, verb)
+    if found:
         raise ConfigError(f"{key}={path!r} holds {found}: only a file this project wrote for this (its {MARK!r}) is "
                           f"{verb}; left untouched, choose another path")
     return True
+
+
+def target(path, writer, key):
+    """Where `writer` (OWNERS) writes the output asked for at key=path (a JSON result, a row log, a figure, a gate):
+    path itself when it is new, empty or provably writer's (owned); otherwise the file there, a user's or an earlier
+    commit's unmarked one, is left exactly as it is and the output goes beside it, to the first of stem.1.ext,
+    stem.2.ext, ... that is new or writer's, with one note naming both. '' stays '' (no output asked for)."""
+    if not path:
+        return path
+    stem, ext = os.path.splitext(path)
+    for n in range(0, 1000):
+        here = path if n == 0 else f"{stem}.{n}{ext}"
+        if _judge(here, key) == "new" or not _proven(here, writer, key, "replaced or extended"):
+            if n:
+                _note_once(path, f"note: {key}={path!r} holds {_found(path, writer)}, not a file this project marked: "
+                                 f"left as it is; this output goes beside it, to {here!r}")
+            return here
+    raise ConfigError(f"{key}={path!r} and its 999 numbered siblings are all someone else's files: choose another path")

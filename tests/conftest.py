@@ -1,6 +1,7 @@
 import atexit
 import json
 import os
+import tarfile
 import shutil
 import signal
 import subprocess
@@ -177,3 +178,20 @@ doc_to_choice: "{{{{choices}}}}"
 metric_list:
 """ + "".join(f"  - metric: {m}\n" for m in metrics))
     return folder
+
+
+def old_tree(tmp_path_factory, commit):
+    """That commit's tree (git archive), to run its own scripts; skipped outside a git checkout with the history."""
+    dest = tmp_path_factory.mktemp(f"tree_{commit}")
+    try:
+        tar = subprocess.run(["git", "-C", REPO, "archive", "--format=tar", commit], capture_output=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        pytest.skip(f"commit {commit} is not in this checkout's history")
+    with tarfile.open(fileobj=__import__("io").BytesIO(tar)) as t:
+        t.extractall(dest, filter="data")
+    return dest
+
+
+def ok(r):
+    assert r.returncode == 0, r.stderr[-3000:]
+    return r

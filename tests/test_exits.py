@@ -222,3 +222,17 @@ def test_a_gate_for_another_model_missing_or_foreign_is_one_line(token_runs, qa_
     shutil.copytree(qa_ckpts["disco"], qa)
     assert "calibrated on val_id" in exits("gate", f"--ckpt={qa}", "--gate_tokens=300", "--gate_iters=20")
     assert "| gate " in exits(f"--ckpt={qa}", "--exit_rule=gate", "--splits=test_id")
+
+
+def test_two_checkpoint_files_never_share_a_gate_file(tmp_path):
+    """Round 7 dropped the extension: ckpt.bak's gate was ckpt.pt's, a.pt and a.pth shared a.exit_gate.pt (issue 72
+    item 2). Every pair of these names, each an existing file, maps to two gate files."""
+    from discoloop.from_checkpoint import gate_path
+    names = ["ckpt.pt", "ckpt.bak", "ckpt", "a.pt", "a.pth", "a", "a.pt.pt", "a.gate", "a.exit_gate", "a.exit.pt",
+             "ckpt.exit_gate.pt", "ckpt_2.pt", "x.gate.pt", "x"]
+    for n in names:
+        (tmp_path / n).write_bytes(b"")
+    gates = {n: gate_path(str(tmp_path / n)) for n in names}
+    assert len(set(gates.values())) == len(names), gates
+    assert gates["ckpt.pt"] == str(tmp_path / "ckpt.exit_gate.pt")  # round 7's name for a .pt file: its gates open
+    assert gates["ckpt.bak"] == str(tmp_path / "ckpt.bak.gate.pt")

@@ -16,36 +16,6 @@ from discoloop.common import ConfigError
 from discoloop.ownership import MARK, owned
 
 
-
-def test_owned_reads_the_mark_not_the_name(tmp_path):
-    """The one decision, each kind: absent or empty may be written; marked is ours; anything else is one line saying
-    what was found; a pipe, a folder, a device are refused before they are opened."""
-    f = tmp_path / "x.json"
-    assert owned(str(f), "probe.py", "json") is False
-    f.write_text("")
-    assert owned(str(f), "probe.py", "json") is False
-    f.write_text(json.dumps({"probe": "acc", "row": 1, "results": 2, "run": 3}))  # every key an older check wanted
-    with pytest.raises(ConfigError, match="and no mark"):
-        owned(str(f), "probe.py", "json")
-    f.write_text(json.dumps({MARK: "probe.py acc"}))
-    assert owned(str(f), "probe.py", "json") is True
-    rows = tmp_path / "r.jsonl"
-    rows.write_text(json.dumps({"run": {"mine": 1}}) + "\n")  # a RowLog's first row, before it carried the mark
-    with pytest.raises(ConfigError, match="extended"):
-        owned(str(rows), "rows", "json", verb="extended")
-    os.mkfifo(tmp_path / "pipe")
-    for path, what in ((tmp_path / "pipe", "a named pipe"), (tmp_path, "a folder"), ("/dev/null", "a device")):
-        with pytest.raises(ConfigError, match=what):
-            owned(str(path), "probe.py", "json")
-    pt = tmp_path / "ckpt.pt"
-    torch.save({"model": {}, "model_args": {}}, pt)  # nanoGPT's checkpoint: not ours
-    with pytest.raises(ConfigError, match="a torch file object with keys"):
-        owned(str(pt), "checkpoint", "checkpoint")
-    pt.write_text("my notes")
-    with pytest.raises(ConfigError, match="torch cannot read"):
-        owned(str(pt), "checkpoint", "checkpoint")
-
-
 def test_overwrite_never_deletes_a_users_checkpoint_named_file(tiny_data, tmp_path):
     out = tmp_path / "run"
     r = run(tiny_train_args(tiny_data, str(out), "--max_iters=2", "--eval_interval=2", "--keep_every=2"))
@@ -60,36 +30,6 @@ def test_overwrite_never_deletes_a_users_checkpoint_named_file(tiny_data, tmp_pa
     (own / "notes.txt").write_text("x")
     r = run(tiny_train_args(tiny_data, str(own), "--max_iters=2", "--overwrite=True"))
     assert r.returncode == 2 and "earlier run" not in r.stderr and (own / "ckpt.pt").read_text() == "text", r.stderr
-
-
-def test_outputs_keep_users_files_and_pipes_do_not_hang(tiny_run, tmp_path):
-    user = tmp_path / "mine.json"
-    user.write_text(json.dumps({"probe": "acc", "mine": 1}))  # holds the key the older check looked for
-    one_line(run(["probe.py", "acc", f"--ckpt={tiny_run}", f"--json={user}"]), "and no mark")
-    assert json.loads(user.read_text()) == {"probe": "acc", "mine": 1}
-    pipe = tmp_path / "pipe.json"
-    os.mkfifo(pipe)
-    one_line(run(["exits.py", f"--ckpt={tiny_run}", f"--json={pipe}"], timeout=60), "a named pipe")
-    one_line(run(["bench.py", "step", "config/pretrain_tiny.py", "--vocab_size=64", "--steps=1", f"--json={pipe}"], timeout=60),
-             "a named pipe")
-    rows = tmp_path / "rows.jsonl"
-    rows.write_text(json.dumps({"run": "mine"}) + "\n")  # a user's JSON lines that look like a row log
-    one_line(run(["bench.py", "step", "config/pretrain_tiny.py", "--vocab_size=64", "--steps=1", f"--json={rows}"]), "extended")
-    assert rows.read_text() == json.dumps({"run": "mine"}) + "\n"
-    good = tmp_path / "p.json"  # the project's own result is replaced: the same command twice
-    for _ in range(2):
-        assert run(["probe.py", "acc", f"--ckpt={tiny_run}", f"--json={good}"]).returncode == 0
-    assert json.loads(good.read_text())[MARK] == "probe.py acc"
-
-
-def test_plot_default_figure_is_not_a_users_file(tiny_run, tmp_path):
-    (tmp_path / "curves.png").write_bytes(b"\x89PNG a user's figure")  # a real PNG header: was replaced
-    one_line(run([os.path.join(REPO, "probe.py"), "plot", tiny_run], cwd=tmp_path), "png=", "without the figure mark")
-    assert (tmp_path / "curves.png").read_bytes() == b"\x89PNG a user's figure"
-    fig = tmp_path / "ours.png"
-    for _ in range(2):  # a figure the project drew carries the mark and is replaced
-        assert run(["probe.py", "plot", tiny_run, f"--png={fig}"]).returncode == 0
-    assert owned(str(fig), "figure", "png") is True
 
 
 def test_an_absurd_pretrained_folder_is_one_line_before_building(tmp_path):

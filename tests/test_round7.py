@@ -10,98 +10,13 @@ import tarfile
 import pytest
 import torch
 
-from conftest import REPO, TINY_DATA, TINY_DATA_ARGS, TINY_MODEL, one_line, run, tiny_train_args
+from conftest import REPO, TINY_DATA, TINY_DATA_ARGS, TINY_MODEL, ok, old_tree, one_line, run, tiny_train_args
 
 from discoloop.common import ConfigError
 from discoloop.ownership import MARK, owned
 
 PRE_MARK = "082ca7f"  # the last commit before files carried the mark (ce527c9 "ownership by a mark")
 PRE_GATE_NAME = "8967c81"  # the last commit with one exit_gate.pt per folder
-
-
-def old_tree(tmp_path_factory, commit):
-    """That commit's tree (git archive), to run its own scripts; skipped outside a git checkout with the history."""
-    dest = tmp_path_factory.mktemp(f"tree_{commit}")
-    try:
-        tar = subprocess.run(["git", "-C", REPO, "archive", "--format=tar", commit], capture_output=True, check=True).stdout
-    except (OSError, subprocess.CalledProcessError):
-        pytest.skip(f"commit {commit} is not in this checkout's history")
-    with tarfile.open(fileobj=__import__("io").BytesIO(tar)) as t:
-        t.extractall(dest, filter="data")
-    return dest
-
-
-def ok(r):
-    assert r.returncode == 0, r.stderr[-3000:]
-    return r
-
-
-@pytest.fixture(scope="module")
-def pre_mark(tmp_path_factory):
-    """A run folder, its probe_acc.json, a curves.png, a plan cache and a row log, made by the pre-mark commit."""
-    src = old_tree(tmp_path_factory, PRE_MARK)
-    d = tmp_path_factory.mktemp("pre_mark")
-    ok(run(["data/symbolic/prepare.py", f"--out_dir={d / 'data'}", *TINY_DATA], cwd=src))
-    ok(run(["train.py", "config/symbolic.py", f"--data_dir={d / 'data'}", f"--out_dir={d / 'run'}",
-            f"--data_args={TINY_DATA_ARGS}", *TINY_MODEL, "--max_iters=2", "--eval_interval=2", "--recurrence=loop"],
-           cwd=src))
-    ok(run(["probe.py", "acc", f"--ckpt={d / 'run'}"], cwd=src))
-    ok(run(["probe.py", "plot", str(d / "run"), f"--png={d / 'curves.png'}"], cwd=src))
-    ok(run(["bench.py", "step", "config/pretrain_tiny.py", "--vocab_size=64", "--steps=1", "--n_layer=1",
-            f"--plan_cache={d / 'plans.json'}", f"--json={d / 'rows.jsonl'}"], cwd=src))
-    return d
-
-
-def note_once(r, *needles):
-    notes = [ln for ln in r.stderr.splitlines() if "earlier commit of this project" in ln]
-    assert len(notes) == 1 and all(n in notes[0] for n in needles), r.stderr[-2000:]
-
-
-def test_files_of_the_commit_before_the_mark_are_replaced_with_one_note(pre_mark, tmp_path):
-    d = pre_mark
-    note_once(ok(run(["probe.py", "acc", f"--ckpt={d / 'run'}"])), "probe_acc.json")
-    assert json.loads((d / "run" / "probe_acc.json").read_text())[MARK] == "probe.py acc"
-    note_once(ok(run(["probe.py", "plot", str(d / "run"), f"--png={d / 'curves.png'}"])), "curves.png")
-    before = json.loads((d / "plans.json").read_text())
-    r = ok(run(["bench.py", "step", "config/pretrain_tiny.py", "--vocab_size=64", "--steps=1", "--n_layer=1",
-                f"--plan_cache={d / 'plans.json'}", f"--json={d / 'rows.jsonl'}"]))
-    assert len([ln for ln in r.stderr.splitlines() if "earlier commit" in ln]) == 2, r.stderr  # cache, row log
-    after = json.loads((d / "plans.json").read_text())
-    assert after[MARK] == "plan cache" and set(before) <= set(after)  # its plans are kept
-    assert len((d / "rows.jsonl").read_text().splitlines()) > 3  # extended, not replaced
-    gone = tmp_path / "run"  # the run after its ckpt.pt was removed: config.json and an old metrics.jsonl
-    shutil.copytree(d / "run", gone)
-    os.remove(gone / "ckpt.pt")
-    note_once(ok(run(tiny_train_args(str(d / "data"), str(gone), "--max_iters=2", "--eval_interval=2",
-                                     "--overwrite=True"))), "metrics.jsonl")
-    assert json.loads((gone / "metrics.jsonl").read_text().splitlines()[0])[MARK] == "metrics"
-
-
-def test_an_old_shape_is_not_a_users_file(tmp_path):
-    """Recognised by the whole shape an old writer wrote, never by a shared key: a user's files stay refused."""
-    f = tmp_path / "x.json"
-    for users in ({"probe": "acc", "mine": 1}, {"row": 1, "results": 2}, {"discoloop_plan_cache": 2},
-                  {"probe": "acc"}):
-        f.write_text(json.dumps(users))
-        with pytest.raises(ConfigError, match="no mark"):
-            owned(str(f), "probe.py" if "probe" in users else "eval_harness.py" if "row" in users else "plan cache", "json")
-    f.write_text(json.dumps({"row": "r", "results": {"t": {}}, "n_loop": None, "mean_loops": None, "exit": {}}))
-    assert owned(str(f), "eval_harness.py", "json") is True  # eval_harness.py's own result before the mark
-    with pytest.raises(ConfigError):  # ... but not probe.py's
-        owned(str(f), "probe.py", "json")
-    rows = tmp_path / "m.jsonl"
-    rows.write_text(json.dumps({"iter": 0, "time": 1}) + "\n")  # too little of a metrics row
-    with pytest.raises(ConfigError, match="no mark"):
-        owned(str(rows), "metrics", "metrics.jsonl")
-    png = tmp_path / "mine.png"  # a user's matplotlib figure of another size
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, _ = plt.subplots(figsize=(5, 5))
-    fig.savefig(png, dpi=100)
-    plt.close(fig)
-    with pytest.raises(ConfigError, match="figure mark"):
-        owned(str(png), "figure", "png")
 
 
 def test_one_gate_per_checkpoint_and_the_old_gate_still_opens(tiny_data, tmp_path_factory):
@@ -304,7 +219,6 @@ def test_speculative_keys_on_a_task_that_only_scores(token_run, tmp_path):
              f"ckpt={token_run / 'run'},speculative_propose=1", "-t", "r7_mc", "--include_path", str(mc_task(tmp_path))],
             env=env)
     one_line(r, "speculative_propose=1 has no effect", "r7_mc", "multiple_choice")
-
 
 
 def test_a_tag_of_tasks_that_only_score_is_noted_after_the_harness_cli(monkeypatch, capsys):
