@@ -230,7 +230,9 @@ class KVCache:
     """Keys and values of one attention layer in one loop: K x n_layer of them for generation (GPT.new_cache). Exact
     for every recurrence: the updates between loops act per position, so position t's state depends only on positions
     <= t. The attention asks a cache where its new rows are (start) and what they attend to (extend); speculative.py's
-    Lanes answers the same two questions for rows at different positions and loops."""
+    Lanes answers the same two questions for rows at different positions and loops. A cache that attends itself
+    (an `attend(q, k, v)` method: an engine's paged memory, discoloop/vllm_model.py) stores and reads in one call, and
+    its start() is every token's own position (B, T)."""
 
     k = v = None  # (B, kv heads, positions, head size) each, once the first position is in
 
@@ -286,6 +288,8 @@ class CausalSelfAttention(nn.Module):
         if rope is not None:
             cos, sin = rope_at(rope, cache.start() if cache is not None else 0, T)
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if hasattr(cache, "attend"):  # an engine's paged key/value memory: it stores, masks and attends (B, T, C)
+            return self.c_proj(cache.attend(q, k, v))
         mask = None  # causal (SDPA's is_causal aligns top-left)
         if cache is not None:
             k, v, mask = cache.extend(k, v)
@@ -539,8 +543,8 @@ class GPT(nn.Module):
         reuses (generation). exits: an Exit (adaptive depth), which sets each token's loop as it settles."""
         cfg = self.config
         B, T = idx.size()
-        t0 = len(cache[0][0]) if cache is not None else 0
-        if t0 + T > cfg.block_size:
+        t0 = cache[0][0].start() if cache is not None else 0  # an int, or each token's position (B, T): an engine's
+        if not torch.is_tensor(t0) and t0 + T > cfg.block_size:  # an engine bounds positions itself (max_model_len)
             raise ValueError(f"sequence length {t0 + T} exceeds block_size={cfg.block_size}")
         K = cfg.n_loop if n_loop is None else n_loop
         if K < 1 or (self.rec.copies and K > cfg.n_loop):
@@ -620,7 +624,7 @@ class GPT(nn.Module):
                 x = x * max(1, cfg.n_loop - 1)
         if cfg.pos_emb != "learned":
             return x, None
-        where = torch.arange(t0, t0 + T, device=idx.device)  # (T,)
+        where = t0 if torch.is_tensor(t0) else torch.arange(t0, t0 + T, device=idx.device)  # (B, T) or (T,)
         if self.training and cfg.pos_shift:
             if T + cfg.pos_shift > cfg.block_size:
                 raise ValueError(f"pos_shift={cfg.pos_shift} with sequences of {T} tokens needs "
