@@ -7,12 +7,14 @@ Zero-shot evaluation of a pretrained checkpoint with lm-evaluation-harness (pape
     python eval_harness.py --ckpt=out/small_disco --tasks=table2_offline --include_path=data/benchmarks/out  # offline
     python eval_harness.py --ckpt=out/small_disco --tasks=piqa --exit_rule=prob --exit_threshold=0.5   # adaptive depth
     python eval_harness.py --ckpt=out/small_disco --tasks=lambada_openai --speculative_draft_loops=1   # speculative greedy
+    python eval_harness.py --backend=vllm --ckpt=out/hf_small_disco --tasks=piqa   # an export in vLLM (serving extra)
 
 Prints Table 2's row (acc_norm where the harness reports it, else acc, and the average) and
 writes JSON (with exit_rule: the mean loops per scored token, model.Exit). The model is registered with the harness as "discoloop"; the harness's own CLI does not
 import third-party modules, so `python eval_harness.py lm_eval ...` runs it with this one registered.
 The tokenizer is the one the checkpoint records (a Hugging Face folder, read by pretrained.py: its tokenizer.json);
-one with ids past the model's rows is refused.
+one with ids past the model's rows is refused. --backend=vllm evaluates an export_hf.py folder in vLLM (VllmLM: the
+same requests, tokens and scoring, every sequence submitted at once to the engine's continuous batching).
 """
 import inspect
 import json
@@ -212,6 +214,59 @@ class DiscoLoopLM(TemplateLM):
         return out
 
 
+class VllmLM(DiscoLoopLM):
+    """DiscoLoopLM's requests, tokens and scoring on an export_hf.py folder run by vLLM (engine.start): every row's
+    log-probs from the engine's prompt log-probs (greedy = each target ranked first), every generation greedy with
+    the same stop rule applied to the tokens it returns, all submitted at once (continuous batching). The engine runs
+    every loop: exit and speculative keys are refused in one line (engine.refuse_keys)."""
+
+    def __init__(self, ckpt, n_loop=None, dtype="auto", max_gen_toks=256, **keys):
+        from discoloop import engine
+        TemplateLM.__init__(self)
+        engine.refuse_keys({**{k: keys.get(k, v) for k, v in {**EXIT_KEYS, **SPEC_KEYS}.items()}})
+        n_loop = int(n_loop) if n_loop not in (None, "", 0, "0") else None
+        cfg, self.n_loop = engine.check_export(ckpt, n_loop)
+        self.enc = folder_tokenizer(ckpt, cfg.vocab_size)
+        self.llm = engine.start(ckpt, n_loop, dtype="float32" if dtype == "auto" else dtype, skip_tokenizer_init=True,
+                                max_logprobs=1)
+        self.exits = self.spec = None
+        self.loops, self.generated, self.batch = [0, 0], 0, 1 << 30  # one engine call takes every request
+        self.max_gen_toks, self.max_length = int(max_gen_toks), cfg.block_size
+        MADE.append(self)
+
+    def _logprobs(self, rows):
+        from vllm import SamplingParams
+        outs = self.llm.generate([{"prompt_token_ids": list(r)} for r, _ in rows],
+                                 SamplingParams(max_tokens=1, prompt_logprobs=1, detokenize=False), use_tqdm=False)
+        res = []
+        for (r, n), o in zip(rows, outs):
+            scored = [(o.prompt_logprobs[t][r[t]]) for t in range(len(r) - n, len(r))]
+            res.append((sum(lp.logprob for lp in scored), all(lp.rank == 1 for lp in scored)))
+        return res
+
+    def generate_until(self, requests, disable_tqdm=False):
+        from vllm import SamplingParams
+        asks = []
+        for req in requests:
+            context, kw = req.args
+            until = kw.get("until", [self.tok_decode([self.eot_token_id])])
+            max_new = min(int(kw.get("max_gen_toks", self.max_gen_toks)), self.max_length - 1)
+            ids = (self.tok_encode(context) or [self.eot_token_id])[-(self.max_length - max_new):]
+            asks.append(([until] if isinstance(until, str) else until, ids, max_new))
+        outs = self.llm.generate([{"prompt_token_ids": ids} for _, ids, _ in asks],
+                                 [SamplingParams(temperature=0, max_tokens=m, stop_token_ids=[self.eot_token_id],
+                                                 detokenize=False) for _, _, m in asks], use_tqdm=not disable_tqdm)
+        texts = []
+        for (until, _, _), o in zip(asks, outs):  # DiscoLoopLM's rule on the tokens: end of text, then `until`
+            new = list(o.outputs[0].token_ids)
+            text = self.tok_decode(new[:-1] if new and new[-1] == self.eot_token_id else new)
+            for u in until:
+                text = text.split(u)[0]
+            texts.append(text)
+        self.generated += len(requests)
+        return texts
+
+
 def table2_row(results, tasks):
     """{task: score}: acc_norm where the harness reports it, else acc (the paper's choice). A tag or group
     (table2_offline) stands for its tasks; data/benchmarks' local copies keep their `_local` names."""
@@ -226,8 +281,10 @@ def table2_row(results, tasks):
     return row
 
 
+BACKENDS = ("discoloop", "vllm")
 DEFAULTS = dict(
-    ckpt="",                  # checkpoint file or run folder, or a Hugging Face model folder (required)
+    ckpt="",                  # checkpoint file or run folder, or a Hugging Face model folder (required); vllm: an export
+    backend="discoloop",      # 'discoloop' (model.py in this process) or 'vllm' (an export_hf.py folder in vLLM)
     tasks=",".join(TABLE2),   # comma list of lm-eval tasks (default: the paper's Table 2)
     n_loop=0,                 # loops at evaluation (0 = the trained K)
     batch_size=16,            # sequences per forward
@@ -240,7 +297,7 @@ DEFAULTS = dict(
     **EXIT_KEYS,
     **SPEC_KEYS,
 )
-CHECKS = {**SYSTEM_CHECKS, "batch_size": INT_GE1, "limit": INT_GE0, "json": OUTPUT, "n_loop": INT_GE0,
+CHECKS = {**SYSTEM_CHECKS, "batch_size": INT_GE1, "backend": (lambda v: v in BACKENDS, f"one of {BACKENDS}"), "limit": INT_GE0, "json": OUTPUT, "n_loop": INT_GE0,
           "tasks": (lambda v: all(t.strip() for t in v.split(",")), "a comma list of lm-eval task names"),
           "include_path": (lambda v: v == "" or os.path.isdir(v), "'' or an existing folder of task YAMLs"), **EXIT_CHECKS,
           **SPEC_CHECKS}
@@ -388,8 +445,11 @@ def main(argv):
         if c["threads"]:
             torch.set_num_threads(c["threads"])
         tm, tasks = task_names(c, TaskManager(include_path=c["include_path"] or None))
-        lm = DiscoLoopLM(c["ckpt"], n_loop=c["n_loop"], batch_size=c["batch_size"], device=c["device"], dtype=c["dtype"],
-                         **{k: c[k] for k in (*EXIT_KEYS, *SPEC_KEYS)})
+        if c["backend"] == "vllm":
+            lm = VllmLM(c["ckpt"], n_loop=c["n_loop"], dtype=c["dtype"], **{k: c[k] for k in (*EXIT_KEYS, *SPEC_KEYS)})
+        else:
+            lm = DiscoLoopLM(c["ckpt"], n_loop=c["n_loop"], batch_size=c["batch_size"], device=c["device"],
+                             dtype=c["dtype"], **{k: c[k] for k in (*EXIT_KEYS, *SPEC_KEYS)})
         try:  # the task data: from the hub's cache, or local files (--include_path)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", DeprecationWarning)
