@@ -218,12 +218,11 @@ class VllmLM(DiscoLoopLM):
     """DiscoLoopLM's requests, tokens and scoring on an export_hf.py folder run by vLLM (engine.start): every row's
     log-probs from the engine's prompt log-probs (greedy = each target ranked first), every generation greedy with
     the same stop rule applied to the tokens it returns, all submitted at once (continuous batching). The engine runs
-    every loop: exit and speculative keys are refused in one line (engine.refuse_keys)."""
+    every loop: main() refuses exit and speculative keys in one line first (engine.refuse_keys)."""
 
-    def __init__(self, ckpt, n_loop=None, dtype="auto", max_gen_toks=256, **keys):
+    def __init__(self, ckpt, n_loop=None, dtype="auto", max_gen_toks=256, **_):
         from discoloop import engine
         TemplateLM.__init__(self)
-        engine.refuse_keys({**{k: keys.get(k, v) for k, v in {**EXIT_KEYS, **SPEC_KEYS}.items()}})
         n_loop = int(n_loop) if n_loop not in (None, "", 0, "0") else None
         cfg, self.n_loop = engine.check_export(ckpt, n_loop)
         self.enc = folder_tokenizer(ckpt, cfg.vocab_size)
@@ -437,6 +436,10 @@ def main(argv):
         c = configure(DEFAULTS, argv, __doc__, [__file__, from_checkpoint.__file__, speculative.__file__], CHECKS)  # keys' comments
         if not c["ckpt"]:
             raise ConfigError("--ckpt=PATH is required (a checkpoint file or run folder)")
+        if c["backend"] == "vllm":  # what the engine cannot run, before anything else is said or done
+            from discoloop import engine
+            engine.refuse_keys({k: c[k] for k in (*EXIT_KEYS, *SPEC_KEYS)})
+            engine.check_export(c["ckpt"], c["n_loop"] or None)
         path = c["json"] or beside_checkpoint(c["ckpt"], "eval_harness.json")  # decided before the evaluation
         path = target(path, "eval_harness.py", "json")  # a file not ours stays; the result goes beside it
         check_writable(path, "pass --json=PATH somewhere writable")

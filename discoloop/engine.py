@@ -182,3 +182,14 @@ def _num(v):
         return float(v)
     except (TypeError, ValueError):
         return None
+
+
+def stop(llm):
+    """Shut an engine down and free its key/value pages now (a second engine in the same process is otherwise
+    refused for memory the first still holds)."""
+    import gc
+    core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+    if core is not None and hasattr(core, "shutdown"):
+        core.shutdown()
+    del llm
+    gc.collect()
