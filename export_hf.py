@@ -149,6 +149,24 @@ def export(ckpt_path, out_dir, use_ema=True, overwrite=False):
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def write_model(model, folder, extra, save_file):
+    """config.json (every GPTConfig field, the Auto classes, `extra`) and model.safetensors of a GPT into folder: the
+    export's model half (the tokenizer and the code are write_export's). A head tied to the embedding is stored once
+    and re-tied at load (_tied_weights_keys); an untied one is stored."""
+    cfg = model.config
+    config = {f: getattr(cfg, f) for f in GPTConfig.defaults()} | {
+        "model_type": "discoloop", "architectures": ["DiscoLoopForCausalLM"],
+        "auto_map": {"AutoConfig": "modeling_discoloop.DiscoLoopConfig",
+                     "AutoModelForCausalLM": "modeling_discoloop.DiscoLoopForCausalLM"},
+        "trained_n_loop": cfg.n_loop, "max_position_embeddings": cfg.block_size,
+        "tie_word_embeddings": cfg.tie_embeddings, "dtype": "float32"} | extra
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump(config, f, indent=1)
+    weights = {f"gpt.{k}": v.contiguous() for k, v in model.state_dict().items()
+               if k != "lm_head.weight" or not cfg.tie_embeddings}
+    save_file(weights, os.path.join(folder, "model.safetensors"), metadata={"format": "pt"})
+
+
 def write_export(ckpt_path, out_dir, tmp, use_ema, transformers_version, save_file):
     ckpt = load_checkpoint(ckpt_path)
     model = model_from_checkpoint(ckpt, use_ema=use_ema).eval()
@@ -167,20 +185,9 @@ def write_export(ckpt_path, out_dir, tmp, use_ema, transformers_version, save_fi
     shutil.copy(os.path.join(REPO, "discoloop", "hf_modeling.py"), os.path.join(tmp, "modeling_discoloop.py"))
     cfg = model.config
     eos_id = enc.eot_token if eos is not None else None
-    config = {f: getattr(cfg, f) for f in GPTConfig.defaults()} | {
-        "model_type": "discoloop", "architectures": ["DiscoLoopForCausalLM"],
-        "auto_map": {"AutoConfig": "modeling_discoloop.DiscoLoopConfig",
-                     "AutoModelForCausalLM": "modeling_discoloop.DiscoLoopForCausalLM"},
-        "trained_n_loop": cfg.n_loop, "max_position_embeddings": cfg.block_size,
-        "tie_word_embeddings": cfg.tie_embeddings, "bos_token_id": eos_id,
-        "eos_token_id": eos_id, "dtype": "float32", "transformers_version": transformers_version, "discoloop_source": {"ckpt": ckpt_path,
-                                                                         "iter_num": ckpt.get("iter_num"), "ema": use_ema and "ema" in ckpt}}
-    with open(os.path.join(tmp, "config.json"), "w") as f:
-        json.dump(config, f, indent=1)
-    # a head tied to the embedding is stored once and re-tied at load (_tied_weights_keys); an untied one is stored
-    weights = {f"gpt.{k}": v.contiguous() for k, v in model.state_dict().items()
-               if k != "lm_head.weight" or not cfg.tie_embeddings}
-    save_file(weights, os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
+    write_model(model, tmp, {"bos_token_id": eos_id, "eos_token_id": eos_id, "transformers_version": transformers_version,
+                             "discoloop_source": {"ckpt": ckpt_path, "iter_num": ckpt.get("iter_num"),
+                                                  "ema": use_ema and "ema" in ckpt}}, save_file)
     tok.save(os.path.join(tmp, "tokenizer.json"))
     tok_config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": cfg.block_size,
                   "clean_up_tokenization_spaces": False}

@@ -25,6 +25,7 @@
 #  11. batch-1 decoding (issue 67): bench.py sample, plain cached greedy against pipelined self-speculation (propose
 #      at loop 1) on a small trained checkpoint (DECODE_CKPT, default out/small_disco_ll03, carried; skipped with a
 #      line when absent; DRY=1 without it: the same command on random toy weights)              -> step.log
+#  12. the export in vLLM, 440M random weights, CUDA graphs off and on (skipped without vLLM)    -> step.log, step.jsonl
 # Files back (8): summary.txt device.txt test_cuda.log step.log step.jsonl phi.log phi.jsonl symbolic.log
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -147,6 +148,18 @@ elif [ "$DRY" = 1 ]; then  # the same command's code path on random toy weights
     python bench.py sample config/pretrain_small.py $DECODE_TOY $DECODE_ARGS --speculative_propose=1
 else
   echo "11 batch-1 decoding: skipped, no $DECODE (a trained run folder, carried; DECODE_CKPT names another)" >> "$OUT/summary.txt"
+fi
+# 12. the export in vLLM (issue 73): the 440M config with random weights, CUDA graphs off and on, against model.py's
+#     cached generate and the pipelined decoder; skipped with a line where vLLM is not installed (the device has no
+#     network: the serving extra must be there already)
+if python -c "import vllm" 2> /dev/null; then
+  if [ "$DRY" = 1 ]; then SERVE="--device=cpu --graphs=off --prompts=2 --new=16 --concurrent=4"
+    SERVE_CFG="--n_layer=2 --n_embd=64 --n_head=2 --vocab_size=300 --block_size=64"
+  else SERVE="--device=cuda --graphs=both --prompts=8 --new=64 --concurrent=32"; SERVE_CFG=""; fi
+  step "12 vLLM against model.py, 440M random weights" ${L_SERVE:-120} step.log \
+    python .ci/serve_measure.py config/pretrain.py $SERVE "--config_args=$SERVE_CFG" --json="$OUT/step.jsonl"
+else
+  echo "12 vLLM: skipped, not installed here (pip install -r requirements-serve.txt, before the call)" >> "$OUT/summary.txt"
 fi
 wait  # the background plans (finished long before)
 echo "total $(( $(date +%s) - START )) s of DEADLINE=$DEADLINE; every step ok: $([ $FAILED = 0 ] && echo yes || echo no)" >> "$OUT/summary.txt"

@@ -2,6 +2,11 @@
 appended to --json the moment it is measured (a run cut short keeps what it finished).
 
     python .ci/serve_measure.py RUN [RUN ...] [--prompts=20] [--new=64] [--concurrent=32] [--threads=2] [--json=FILE]
+        [--graphs=off|on|both] [--device=cpu|cuda] [--config_args="--n_layer=2 ..."]
+
+RUN is a run folder or checkpoint, or a training config file (config/pretrain.py): that model with random weights
+(speed and memory are the weights' size, not their values; prompts are random tokens), --config_args its overrides.
+--graphs: vLLM with CUDA graphs off (eager), on, or both (a GPU's; the CPU runs 'off').
 
 Per run: the export (export_hf.py, into a temporary folder); the engine's start (its own row); exactness: --prompts
 prompts x --new greedy tokens from vLLM against GPT.generate (what sample.py --temperature=0 runs), with every
@@ -56,69 +61,109 @@ def timed(fn):
     return out, time.perf_counter() - t
 
 
-def measure(run, opts, log):
-    from vllm import SamplingParams
-    from discoloop import engine, speculative
+def opened(run, opts, folder):
+    """(name, model, prompts, the export written into folder) of a run, or of a config file's random model."""
     from discoloop.checkpoint import load_checkpoint
     from discoloop.from_checkpoint import model_from_checkpoint
-    from discoloop.vllm_model import slots
-    from export_hf import export
-    name = os.path.basename(run.rstrip("/"))
-    ckpt = load_checkpoint(run)
-    model = model_from_checkpoint(ckpt).eval()
-    cfg, V, T = model.config, model.config.vocab_size, model.config.block_size
+    from export_hf import export, write_model
+    if not run.endswith(".py"):
+        ckpt = load_checkpoint(run)
+        export(run, folder)
+        return os.path.basename(run.rstrip("/")), model_from_checkpoint(ckpt).eval(), prompts_of(run, ckpt, opts["prompts"], 16)
+    from safetensors.torch import save_file
+    from configurator import configure
+    from discoloop import train_config
+    from model import GPT, GPTConfig
+    c = configure(train_config.defaults(), [run, *opts["config_args"].split()], __doc__, [train_config.__file__],
+                  train_config.CHECKS)
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.from_dict(c)).eval()
+    os.makedirs(folder)
+    write_model(model, folder, {}, save_file)
+    g = torch.Generator().manual_seed(0)
+    V = model.config.vocab_size
+    return os.path.basename(run) + " (random)", model, [torch.randint(0, V, (16,), generator=g).tolist()
+                                                        for _ in range(opts["prompts"])]
+
+
+def measure(run, opts, log):
     with tempfile.TemporaryDirectory() as tmp:
         folder = os.path.join(tmp, "export")
-        export(run, folder)
-        llm, took = timed(lambda: engine.start(folder, skip_tokenizer_init=True, max_logprobs=min(V, 300),
-                                               max_num_seqs=max(opts["concurrent"], 1)))
-        log.add(f"{name} start", [name, "engine start s", f"{took:.1f}", "vLLM in this process, float32, eager"],
-                {"engine_start_s": took})
-        ps = prompts_of(run, ckpt, opts["prompts"], 16)
-        new = min(opts["new"], T - max(map(len, ps)))
-        sp = SamplingParams(temperature=0, max_tokens=new, ignore_eos=True, logprobs=min(V, 300),
-                            prompt_logprobs=min(V, 300), detokenize=False)
-        got = engine.agreement(model, ps, llm.generate([{"prompt_token_ids": p} for p in ps], sp, use_tqdm=False))
-        log.add(f"{name} exact", [name, "greedy identical (float32)", f"{got['identical']}/{len(ps)}",
-                                  f"{new} new tokens each, ties {got['ties']}, max |d log p| {got['max_dlogp']:.2e}"],
-                got | {"prompts": len(ps), "new": new})
-        K = slots(cfg, cfg.n_loop)
-        arith = len(K) * 2 * (cfg.n_kv_head or cfg.n_head) * (cfg.n_embd // cfg.n_head) * 4
-        kv = kv_bytes_per_token(llm)
-        log.add(f"{name} kv", [name, "KV bytes/token", f"{kv:,.0f}", f"arithmetic {arith:,} = {len(K)} (loop, layer) "
-                               "slots x 2 x kv heads x head size x 4 B"], {"kv_bytes": kv, "arithmetic": arith})
-        if T < 16 + 16:
-            engine.stop(llm)
-            return  # a question-answer window: too short to time decoding
-        n, C = min(opts["new"], T - 16), opts["concurrent"]
+        name, model, ps = opened(run, opts, folder)
+        model = model.to(opts["device"])
+        T, C = model.config.block_size, opts["concurrent"]
+        n = min(opts["new"], T - 16)  # a question-answer window (block_size 8) is too short to time decoding
         g = torch.Generator().manual_seed(1)
-        batch = [torch.randint(0, min(V, 256), (16,), generator=g).tolist() for _ in range(C)]
-        one = SamplingParams(temperature=0, max_tokens=n, ignore_eos=True, detokenize=False)
+        batch = [torch.randint(0, min(model.config.vocab_size, 256), (16,), generator=g).tolist() for _ in range(C)]
+        for eager in {"off": [True], "on": [False], "both": [True, False]}[opts["graphs"]]:
+            engine_rows(name + ("" if eager else ", CUDA graphs"), model, folder, ps, opts, log, eager, batch, n)
+        if n >= 16:
+            model_rows(name, model, batch, n, log)
 
-        def rate(what, seconds, tokens, detail):
-            log.add(f"{name} {what}", [name, f"tokens/s: {what}", f"{tokens / seconds:.1f}", detail],
-                    {"tokens_per_s": tokens / seconds, "seconds": seconds, "tokens": tokens})
-        ones = 4  # one prompt at a time: four prompts, the rate is per token
-        _, s = timed(lambda: [llm.generate([{"prompt_token_ids": p}], one, use_tqdm=False) for p in batch[:ones]])
-        rate("vLLM, batch 1", s, ones * n, f"{ones} prompts one after another")
+
+def engine_rows(name, model, folder, ps, opts, log, eager, batch, n):
+    """One engine (eager, or capturing CUDA graphs) on the export: start, exactness, KV bytes, tokens/s."""
+    from vllm import SamplingParams
+    from discoloop import engine
+    from discoloop.vllm_model import slots
+    cfg, V = model.config, model.config.vocab_size
+    llm, took = timed(lambda: engine.start(folder, skip_tokenizer_init=True, max_logprobs=min(V, 300),
+                                           max_num_seqs=max(opts["concurrent"], 1), enforce_eager=eager))
+    log.add(f"{name} start", [name, "engine start s", f"{took:.1f}", f"vLLM in this process, float32, "
+                              f"{'eager' if eager else 'CUDA graphs'}"], {"engine_start_s": took})
+    new = min(opts["new"], cfg.block_size - max(map(len, ps)))
+    sp = SamplingParams(temperature=0, max_tokens=new, ignore_eos=True, logprobs=min(V, 300),
+                        prompt_logprobs=min(V, 300), detokenize=False)
+    got = engine.agreement(model, ps, llm.generate([{"prompt_token_ids": p} for p in ps], sp, use_tqdm=False))
+    log.add(f"{name} exact", [name, "greedy identical (float32)", f"{got['identical']}/{len(ps)}",
+                              f"{new} new tokens each, ties {got['ties']}, max |d log p| {got['max_dlogp']:.2e}"],
+            got | {"prompts": len(ps), "new": new})
+    arith = len(slots(cfg, cfg.n_loop)) * 2 * (cfg.n_kv_head or cfg.n_head) * (cfg.n_embd // cfg.n_head) * 4
+    kv = kv_bytes_per_token(llm)
+    log.add(f"{name} kv", [name, "KV bytes/token", f"{kv:,.0f}", f"arithmetic {arith:,} = "
+                           f"{len(slots(cfg, cfg.n_loop))} (loop, layer) slots x 2 x kv heads x head size x 4 B"],
+            {"kv_bytes": kv, "arithmetic": arith})
+    if n >= 16:
+        one = SamplingParams(temperature=0, max_tokens=n, ignore_eos=True, detokenize=False)
+        _, s = timed(lambda: [llm.generate([{"prompt_token_ids": p}], one, use_tqdm=False) for p in batch[:ONES]])
+        rate(log, name, "vLLM, batch 1", s, ONES * n, f"{ONES} prompts one after another")
         _, s = timed(lambda: llm.generate([{"prompt_token_ids": p} for p in batch], one, use_tqdm=False))
-        rate(f"vLLM, {C} concurrent", s, C * n, "one generate call, the engine's continuous batching")
-        engine.stop(llm)
-        with torch.no_grad():
-            _, s = timed(lambda: [model.generate(torch.tensor([p]), n, temperature=0) for p in batch[:ones]])
-            rate("generate, batch 1", s, ones * n, f"model.py cached, {ones} prompts one after another")
-            _, s = timed(lambda: model.generate(torch.tensor(batch), n, temperature=0))
-            rate(f"generate, {C} as one batch", s, C * n, "model.py cached, equal prompt lengths")
-            if cfg.recurrence != "none":
-                spec = speculative.spec_option(0, 4, model, propose=1)
-                _, s = timed(lambda: [speculative.generate(model, torch.tensor([p]), n, spec, temperature=0)
-                                      for p in batch[:ones]])
-                rate("pipelined, batch 1", s, ones * n, f"speculative_propose=1, {ones} prompts")
+        rate(log, name, f"vLLM, {len(batch)} concurrent", s, len(batch) * n, "one generate call: continuous batching")
+    engine.stop(llm)
+
+
+ONES = 4  # one prompt at a time: four prompts, the rate is per token
+
+
+def rate(log, name, what, seconds, tokens, detail):
+    log.add(f"{name} {what}", [name, f"tokens/s: {what}", f"{tokens / seconds:.1f}", detail],
+            {"tokens_per_s": tokens / seconds, "seconds": seconds, "tokens": tokens})
+
+
+@torch.no_grad()
+def model_rows(name, model, batch, n, log):
+    """model.py's cached generate, one prompt at a time and all as one batch, and the pipelined decoder."""
+    from discoloop import speculative
+    dev = next(model.parameters()).device
+    _, s = timed(lambda: [model.generate(torch.tensor([p], device=dev), n, temperature=0) for p in batch[:ONES]])
+    rate(log, name, "generate, batch 1", s, ONES * n, f"model.py cached, {ONES} prompts one after another")
+    _, s = timed(lambda: model.generate(torch.tensor(batch, device=dev), n, temperature=0))
+    rate(log, name, f"generate, {len(batch)} as one batch", s, len(batch) * n, "model.py cached, equal prompt lengths")
+    if model.config.recurrence != "none":
+        spec = speculative.spec_option(0, 4, model, propose=1)
+        _, s = timed(lambda: [speculative.generate(model, torch.tensor([p], device=dev), n, spec, temperature=0)
+                              for p in batch[:ONES]])
+        rate(log, name, "pipelined, batch 1", s, ONES * n, f"speculative_propose=1, {ONES} prompts")
 
 
 def main():
     runs, opts = runs_and_options(__doc__, __file__, {"prompts": 20, "new": 64, "concurrent": 32, "threads": 2,
-                                                      "json": ""})
+                                                      "json": "", "graphs": "off", "device": "cpu", "config_args": ""})
+    if opts["graphs"] not in ("off", "on", "both") or opts["device"] not in ("cpu", "cuda"):
+        refuse(__file__, f"--graphs={opts['graphs']!r} / --device={opts['device']!r} is invalid: allowed off, on, both "
+                         "/ cpu, cuda")
+    if opts["graphs"] != "off" and opts["device"] != "cuda":
+        refuse(__file__, f"--graphs={opts['graphs']!r} needs --device=cuda (CUDA graphs): allowed 'off' on the CPU")
     from discoloop.bench_log import RowLog
     from discoloop.common import ERRORS, check_writable
     from discoloop import engine

@@ -17,6 +17,7 @@ from conftest import REPO, mc_task, ok, one_line, run
 
 from discoloop import engine
 from discoloop.common import ConfigError
+from export_hf import write_model
 from model import GPT, GPTConfig
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine in this process: starts in seconds
@@ -47,13 +48,7 @@ def make_export(folder, **kw):
     with torch.no_grad():
         m.transformer.wte.weight.mul_(10)
     os.makedirs(folder, exist_ok=True)
-    conf = {f: getattr(cfg, f) for f in GPTConfig.defaults()} | {
-        "model_type": "discoloop", "architectures": ["DiscoLoopForCausalLM"], "trained_n_loop": cfg.n_loop,
-        "max_position_embeddings": cfg.block_size, "tie_word_embeddings": cfg.tie_embeddings}
-    with open(os.path.join(folder, "config.json"), "w") as f:
-        json.dump(conf, f)
-    save_file({f"gpt.{k}": v.contiguous() for k, v in m.state_dict().items()
-               if k != "lm_head.weight" or not cfg.tie_embeddings}, os.path.join(folder, "model.safetensors"))
+    write_model(m, folder, {}, save_file)  # export_hf.py's config.json and weights, without a tokenizer
     return m
 
 
