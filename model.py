@@ -56,6 +56,10 @@ GATES = ("fixed", "learned")
 # every-other-mm). Their op lists are beside Block
 CHECKPOINTING = ("none", "block", "attn", "attn_mm", "auto")
 LOOP_LOSS_WEIGHTS = ("mean", "rising")
+# kv_share, what loop k's attention reads for earlier positions: "" its own loop's keys and values (one slot per
+# (loop, layer)); "first" loop 1's, written once (loops 2..K write none; trains: loop 1 of every position is done
+# before loop 2 starts); "latest" (inference, Huginn) the last loop each position wrote. Both keep one slot per layer
+KV_SHARES = ("", "first", "latest")
 
 
 @dataclass
@@ -98,6 +102,7 @@ class GPTConfig:
     loop_loss: float = 0.0     # training adds this x the mean loss of the head read after each earlier loop (0 = off)
     loop_loss_weights: str = "mean"  # how loop_loss weighs the earlier loops: "mean" alike; "rising": loop k weighs k
     loss_chunk: int = 1024     # positions per chunk of the head + cross-entropy (0 = all): bounds the (chunk, V) logits
+    kv_share: str = ""         # "" each loop its own keys/values; "first" loop 1's; "latest" (inference) KV_SHARES
     activation_checkpointing: str = "none"  # none|block|attn|attn_mm (CHECKPOINTING); auto: least recompute that fits
     # when a key acts (configurator.inert: train.py and bench.py refuse a typed inert key, note a config file's): a
     # key or a family prefix ('phi_': every Phi key, later ones too) -> (predicate over the keys, what it needs)
@@ -120,7 +125,7 @@ class GPTConfig:
             raise ValueError(f"{name}={getattr(self, name)!r} is invalid: allowed {allowed}")
         choices = {"recurrence": tuple(RECURRENCES), "disco_gate": GATES, "pos_emb": POS_EMBS, "norm": NORMS,
                    "mlp": MLPS, "phi_kernel": tuple(PHI_KERNELS), "activation_checkpointing": CHECKPOINTING,
-                   "loop_loss_weights": LOOP_LOSS_WEIGHTS}
+                   "loop_loss_weights": LOOP_LOSS_WEIGHTS, "kv_share": KV_SHARES}
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 bad(name, allowed)
@@ -164,6 +169,12 @@ class GPTConfig:
         for name in ("dropout", "label_smoothing"):
             if not 0 <= getattr(self, name) < 1:
                 bad(name, f"0 <= {name} < 1")
+        if self.kv_share == "first" and self.activation_checkpointing != "none":
+            bad("kv_share", "'' or 'latest' with activation_checkpointing (a recomputed loop 1 would rewrite the keys "
+                            "and values loops 2..K read); 'first' with activation_checkpointing='none'")
+        if self.kv_share and (RECURRENCES[self.recurrence].copies or RECURRENCES[self.recurrence].embed):
+            bad("kv_share", "'' for recurrence 'none' (untied copies) and 'ponder' (every pass the whole model); "
+                            "'first' or 'latest' share a looped block's keys and values across loops")
         if not 0 <= self.loop_loss < 1 or self.loop_loss and self.n_coda:
             bad("loop_loss", "0 <= loop_loss < 1 and 0 with n_coda > 0 (no early state passes the coda)")
         chunks = "0 (no chunking) or a positive number of positions"
@@ -187,7 +198,7 @@ class GPTConfig:
 CONTINUE_KEYS = ("block_size", "n_prelude", "n_coda", "recurrence", "n_loop", "disco_gate", "disco_alpha", "phi_tau",
                  "phi_topk", "phi_chunk", "phi_kernel", "pos_every_loop", "per_loop_norm", "ponder_scale_embeds",
                  "ponder_multiply_steps", "pos_shift", "dropout", "scaled_init", "label_smoothing", "loop_loss",
-                 "loop_loss_weights", "loss_chunk", "activation_checkpointing")
+                 "loop_loss_weights", "loss_chunk", "activation_checkpointing", "kv_share")
 ARCH_KEYS = tuple(k for k in GPTConfig.defaults() if k not in CONTINUE_KEYS)
 # Keys that decide how the numbers are computed, never a weight (equal results: tests/test_phi.py,
 # test_checkpointing.py): where a checkpoint is opened (from_checkpoint.model_from_checkpoint) a value this machine
@@ -258,6 +269,44 @@ class KVCache:
         """Keep the first n positions (speculative.py cuts back past a rejected draft)."""
         if self.k is not None:
             self.k, self.v = self.k[:, :, :n], self.v[:, :, :n]
+
+
+class SharedSlot:
+    """One layer's keys and values shared by every loop (kv_share 'first' or 'latest'): positions before this call
+    (`base`) hold what their last writing loop stored; a call's own positions are written by the loops that write
+    (SharedView.write) and read by every loop. commit() ends the call: its positions become earlier ones."""
+
+    k = v = None
+    base = 0
+
+    def store(self, k, v):
+        """This call's rows (positions base..): keys and values, replacing an earlier loop's of the same call."""
+        keep = lambda old, new: new if old is None or self.base == 0 else torch.cat([old[:, :, :self.base], new], 2)
+        self.k, self.v = keep(self.k, k), keep(self.v, v)
+
+    def commit(self):
+        self.base = 0 if self.k is None else self.k.size(2)
+
+
+class SharedView:
+    """What one loop's attention at one layer sees of a SharedSlot: the positions of this call start at slot.base;
+    `write`: this loop stores its keys and values (loop 1 always; every loop for 'latest'), else it reads loop 1's."""
+
+    def __init__(self, slot, write):
+        self.slot, self.write = slot, write
+
+    def __len__(self):
+        return self.slot.base
+
+    def start(self):
+        return self.slot.base
+
+    def extend(self, k, v):
+        t0, T = self.slot.base, k.size(2)
+        if self.write:
+            self.slot.store(k, v)
+        mask = torch.ones(T, t0 + T, dtype=torch.bool, device=k.device).tril(diagonal=t0) if t0 and T > 1 else None
+        return self.slot.k, self.slot.v, mask
 
 
 def rope_at(rope, t0, T):
@@ -563,6 +612,8 @@ class GPT(nn.Module):
             at.masked_fill_(stop & (at == K) & (k >= exits.min_loops), k)
             decoded.append((p, h))
             return p
+        if cache is None and cfg.kv_share == "first" and K > 1:  # loops 2..K read loop 1's keys and values: kept here
+            cache = self.new_cache(K)
         x, pos = self.embed(idx, t0)
         if cfg.n_prelude:
             x = self.f_theta(x, cache=cache[0] if cache is not None else None, part="prelude")
@@ -581,6 +632,8 @@ class GPT(nn.Module):
         x = x if at is None else out
         if cfg.n_coda:  # the head reads the coda's output (after the loop, or after a row's own loop count)
             x = self.f_theta(x, cache=cache[0] if cache is not None else None, part="coda")
+        for view in cache[0] if cache is not None and cfg.kv_share else ():  # this call's positions are earlier ones now
+            view.slot.commit()
         return x
 
     def loop_step(self, k, x, pos=None, cache=None, last=None, done=None, read=None):
@@ -695,9 +748,12 @@ class GPT(nn.Module):
     def new_cache(self, n_loop=None):
         """An empty key/value cache for generation: one KVCache per (loop, layer), K x n_layer. It holds
         K * n_layer * T * 2 * n_kv_head * head size numbers per sequence (2d without GQA: 6.4 GB in fp32 at the 440M
-        config's 8,192 tokens)."""
+        config's 8,192 tokens). With kv_share, one SharedSlot per layer seen by every loop (SharedView): 1/K of it."""
         K = n_loop or self.config.n_loop
-        return [[KVCache() for _ in range(self.config.n_layer)] for _ in range(K)]
+        if not self.config.kv_share:
+            return [[KVCache() for _ in range(self.config.n_layer)] for _ in range(K)]
+        slots = [SharedSlot() for _ in range(self.config.n_layer)]
+        return [[SharedView(s, k == 0 or self.config.kv_share == "latest") for s in slots] for k in range(K)]
 
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, n_loop=None, use_cache=True,

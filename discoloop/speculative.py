@@ -161,6 +161,12 @@ def spec_option(draft_loops, length, model, n_loop=None, exits=None, use_cache=T
                           f"exit_rule={exits.rule!r} (allowed exit_rule='' beside it)")
     if not use_cache:
         raise ConfigError(f"{key}={depth} reuses the (loop, layer) cache: allowed use_cache=True beside it")
+    if draft_loops and model.config.kv_share:  # its drafts and verifications write a slot's positions out of order
+        raise ConfigError(f"speculative_draft_loops={draft_loops} keeps a cache per (loop, layer): with "
+                          f"kv_share={model.config.kv_share!r} use speculative_propose (the pipelined decoder) instead")
+    if model.config.kv_share == "latest":  # lanes in flight write loops out of order: 'latest' would differ from plain
+        raise ConfigError(f"{key}={depth} with kv_share='latest': a position's latest loop depends on what is in "
+                          "flight, so greedy output would not equal plain decoding: allowed kv_share '' or 'first'")
     if propose and model.rec.copies:
         raise ConfigError(f"speculative_propose={propose} runs every loop in one call of shared blocks: "
                           "recurrence='none' has K untied copies (allowed speculative_draft_loops instead)")
@@ -289,14 +295,16 @@ class Lanes:
     of a call are consecutive positions, so what they see is a view of one additive causal mask (`triangle`), built
     once per decode and shared by every layer, not a mask as long as the context built per call."""
 
-    def __init__(self, K, T):
-        self.K, self.T, self.k, self.v, self.tri = K, T, None, None, None
+    def __init__(self, K, T, share=""):
+        self.K, self.T, self.k, self.v, self.tri, self.share = K, T, None, None, None, share
 
-    def at(self, rows, span, where, starts, sees, owner):
+    def at(self, rows, span, where, starts, sees, owner, write=None):
         """This call's rows: buffer rows (B,) (as a slice when evenly spaced, else None), positions (B,) and (B, 1),
         what each sees (a slice of the owner's triangle's rows when the positions are consecutive, else a (B, 1, 1,
-        keys) boolean mask) and the Lanes that holds the triangle."""
+        keys) boolean mask) and the Lanes that holds the triangle. write: the lanes that store their keys and values
+        (None: all; kv_share='first': those at loop 1, and every lane reads loop 1's row, rows)."""
         self.rows, self.span, self.where, self.starts, self.sees, self.owner = rows, span, where, starts, sees, owner
+        self.writes = write
         return self
 
     def start(self):
@@ -305,8 +313,13 @@ class Lanes:
     def extend(self, k, v):
         if self.k is None:  # (B, heads, 1, hs) rows: the buffers take their heads, size and dtype
             self.allocate(k)
-        self.k[self.rows, :, self.where] = k[:, :, 0]
-        self.v[self.rows, :, self.where] = v[:, :, 0]
+        if self.writes is None:
+            self.k[self.rows, :, self.where] = k[:, :, 0]
+            self.v[self.rows, :, self.where] = v[:, :, 0]
+        elif len(self.writes):  # kv_share='first': only the lanes at loop 1 write (row K - 1, loop 1's)
+            w = self.writes
+            self.k[self.K - 1, :, self.where[w]] = k[w, :, 0].transpose(0, 1)
+            self.v[self.K - 1, :, self.where[w]] = v[w, :, 0].transpose(0, 1)
         mask = self.sees
         if isinstance(mask, slice):  # consecutive positions: rows of the triangle, a view
             mask = self.owner.triangle(k)[mask, :mask.stop][:, None, None]
@@ -327,7 +340,8 @@ class Lanes:
     def load(self, cache, n):
         """Take the first n positions of a new_cache's entries for this layer (cache: one KVCache per loop)."""
         for loop, c in enumerate(cache, 1):
-            if len(c):
+            c = getattr(c, "slot", c)  # kv_share: every loop's view of one SharedSlot (loop 1's row is what is read)
+            if len(c) if not hasattr(c, "base") else c.k is not None:
                 if self.k is None:
                     self.allocate(c.k)
                 self.k[self.K - loop, :, :n], self.v[self.K - loop, :, :n] = c.k[0, :, :n], c.v[0, :, :n]
@@ -352,6 +366,10 @@ def rows_at(caches, K, loops, where, device=None):
     """Every layer's Lanes set to one call's rows: lanes at loops (B,) and positions (B,) (python lists). The tensors
     are made once per call (the loops' once per pattern) and shared by the layers."""
     rows, span = pattern(tuple(loops), K, device)[1:]
+    write = None
+    if caches[0].share == "first":  # every lane reads loop 1's row; the lanes at loop 1 write it
+        rows, span = pattern((1,) * len(loops), K, device)[1:]
+        write = torch.tensor([i for i, k in enumerate(loops) if k == 1], dtype=torch.long, device=device)
     pos = torch.tensor(where, device=device)
     n = where[-1] + 1
     if all(b - a == 1 for a, b in zip(where, where[1:])):  # the decoder's lanes: consecutive positions
@@ -359,7 +377,7 @@ def rows_at(caches, K, loops, where, device=None):
     else:
         sees = (torch.arange(n, device=pos.device) <= pos[:, None])[:, None, None]  # (B, 1, 1, keys)
     starts = pos[:, None]
-    return [c.at(rows, span, pos, starts, sees, caches[0]) for c in caches]
+    return [c.at(rows, span, pos, starts, sees, caches[0], write) for c in caches]
 
 
 @dataclass(eq=False)
@@ -413,7 +431,8 @@ def pipelined(model, idx, max_new_tokens, pipe, temperature=1.0, top_k=None, n_l
     cfg, K = model.config, n_loop or model.config.n_loop
     check(model, idx, max_new_tokens, K, pipe.propose, pipe.recheck)
     out, end, device = idx[0].tolist(), idx.size(1) + max_new_tokens, idx.device
-    caches = prefill(model, idx, K, cache if cache is not None else [Lanes(K, end) for _ in range(cfg.n_layer)])
+    caches = prefill(model, idx, K, cache if cache is not None else [Lanes(K, end, cfg.kv_share)
+                                                                     for _ in range(cfg.n_layer)])
     greedy = temperature == 0
 
     def dist(logits):  # what a row decides from: its logits (greedy) or the sampling distribution

@@ -159,6 +159,10 @@ def check(config, stated=None):
         raise ConfigError(f"cuda_graph=True cannot run with {graph_bad[0]}={config[graph_bad[0]]!r}: allowed optimizer="
                           "'adamw', a dtype other than 'float16', a compile_mode other than 'reduce-overhead', loop_sample=0; or "
                           "cuda_graph=False")
+    if config["kv_share"] == "latest":  # a training forward has no cache: each loop reads its own, as without the key
+        raise ConfigError("kv_share='latest' is an inference key (each loop reads the last loop each earlier position "
+                          "wrote, in generation): it trains as ''; allowed '' or 'first' for training, 'latest' in "
+                          "sample.py, eval_harness.py and the export")
     # the model keys' one validator; vocab_size 0 is the data's, checked against it in dataset.check_with_data
     GPTConfig.from_dict({**config, "vocab_size": config["vocab_size"] or max(1, config["phi_topk"])})
     return check_inert(config, defaults(), {**GPTConfig.ACTIVE, **ACTIVE}, stated or {})
