@@ -633,7 +633,8 @@ class GPT(nn.Module):
         if cfg.n_coda:  # the head reads the coda's output (after the loop, or after a row's own loop count)
             x = self.f_theta(x, cache=cache[0] if cache is not None else None, part="coda")
         for view in cache[0] if cache is not None and cfg.kv_share else ():  # this call's positions are earlier ones now
-            view.slot.commit()
+            if isinstance(view, SharedView):  # (an engine's paged memory keeps its own positions)
+                view.slot.commit()
         return x
 
     def loop_step(self, k, x, pos=None, cache=None, last=None, done=None, read=None):

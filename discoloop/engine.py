@@ -150,8 +150,11 @@ def agreement(model, prompts, outputs, n_loop=None):
     for p, o in zip(prompts, outputs):
         new = list(o.outputs[0].token_ids)
         ref = model.generate(torch.tensor([p]), len(new), temperature=0, n_loop=n_loop)[0, len(p):].tolist()
-        with torch.no_grad():  # model.py's log p at every position of the engine's sequence
-            lp = torch.log_softmax(model(torch.tensor([p + new[:-1]]), n_loop=n_loop)[0][0].double(), -1)
+        with torch.no_grad():  # model.py's log p at every position of the engine's sequence, as it decodes it: the
+            cache = model.new_cache(n_loop)  # prompt in one call, then a token a call (kv_share='latest' reads so)
+            steps = [torch.tensor([p])] + [torch.tensor([[t]]) for t in new[:-1]]
+            lp = torch.log_softmax(torch.cat([model.head(model.hidden(x, n_loop, cache=cache))[0] for x in steps])
+                                   .double(), -1)
         rows = list(o.prompt_logprobs[1:]) + list(o.outputs[0].logprobs)  # position t's: the token after t
         for t, d in enumerate(rows):
             for tok, l in d.items():

@@ -47,6 +47,8 @@ def slots(cfg, n_loop):
     and the coda's layers and its own; loops 2..n_loop only the looped layers (recurrence='none': every layer of each
     copy). Their count is the key/value memory per token in units of one layer's 2 x kv heads x head size."""
     looped = range(cfg.n_prelude, cfg.n_layer - cfg.n_coda)
+    if cfg.kv_share:  # one slot per layer, seen by every loop (model.py's SharedSlot)
+        return [(0, i) for i in range(cfg.n_layer)]
     return [(k, i) for k in range(n_loop) for i in range(cfg.n_layer) if k == 0 or i in looped]
 
 
@@ -55,15 +57,20 @@ class EngineSlot:
     start() = every token's own position (1, N), attend(q, k, v) = vLLM's attention over (1, heads, N, head size)
     rows, (1, N, heads x head size) out. vLLM's forward context says which tokens are whose and where each is cached."""
 
-    def __init__(self, attn, where):
-        self.attn, self.where = attn, where
+    def __init__(self, attn, where, first=None):
+        self.attn, self.where, self.first = attn, where, first
 
     def start(self):
         return self.where["positions"]
 
     def attend(self, q, k, v):
         flat = lambda t: t[0].transpose(0, 1).reshape(t.size(2), -1)  # (N, heads x head size), as vLLM takes them
-        return self.attn(flat(q), flat(k), flat(v))[None]
+        q, k, v = flat(q), flat(k), flat(v)
+        if self.first is not None:  # kv_share='first': loop 1 keeps its rows, the later loops write those again
+            if self.first.get("loop1") is self:
+                self.first["kv"] = (k, v)
+            k, v = self.first["kv"]
+        return self.attn(q, k, v)[None]
 
 
 class DiscoLoopForCausalLM(nn.Module):
@@ -86,7 +93,14 @@ class DiscoLoopForCausalLM(nn.Module):
             a = Attention(cfg.n_head, hs, hs ** -0.5, num_kv_heads=cfg.n_kv_head or cfg.n_head,
                           cache_config=vllm_config.cache_config, prefix=f"{prefix}.slots.{k * cfg.n_layer + i}.attn")
             self.attn.append(a)
-            self.slots[k][i] = EngineSlot(a, self.where)
+            if not cfg.kv_share:
+                self.slots[k][i] = EngineSlot(a, self.where)
+                continue
+            first = {} if cfg.kv_share == "first" else None  # kv_share: every loop's view of layer i's one slot
+            for loop in range(K):
+                self.slots[loop][i] = EngineSlot(a, self.where, first)
+            if first is not None:
+                first["loop1"] = self.slots[0][i]
         self.n_loop = K
 
     def embed_input_ids(self, input_ids):

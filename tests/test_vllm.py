@@ -35,6 +35,8 @@ VARIANTS = {
                                    disco_alpha=0.5, phi_tau=0.7),
     "ponder_scaled": dict(recurrence="ponder", ponder_scale_embeds=True, ponder_multiply_steps=True, n_loop=3,
                           qkv_bias=True),
+    "disco_kv_first": dict(recurrence="disco", kv_share="first", n_loop=3, n_prelude=1),  # one slot per layer
+    "loop_kv_latest": dict(recurrence="loop", kv_share="latest", n_loop=3),
 }
 
 
