@@ -32,8 +32,9 @@ from tqdm import tqdm
 from discoloop.common import autocast, resolve_device, table
 from discoloop import from_checkpoint
 from discoloop.checkpoint import load_checkpoint
-from discoloop.from_checkpoint import (EXIT_CHECKS, EXIT_KEYS, beside_checkpoint, checkpoint_tokenizer, exit_option, folder_tokenizer,
-                       model_from_checkpoint, trained_on_tokens)
+from discoloop.from_checkpoint import (EXIT_CHECKS, EXIT_KEYS, KV_CHECKS, KV_KEYS, beside_checkpoint, checkpoint_tokenizer,
+                                      exit_option, folder_tokenizer, kv_override, model_from_checkpoint,
+                                      trained_on_tokens)
 from model import Exit
 from discoloop.common import ERRORS, SYSTEM_CHECKS, CheckpointError, ConfigError, atomic_write, check_writable, die
 from discoloop.ownership import marked, target
@@ -65,17 +66,17 @@ def folder_tokenizer_first(path):
 
 
 def open_model(ckpt, n_loop=None, exit_rule="", exit_threshold=-1, exit_min_loops=1, speculative_draft_loops=0,
-               speculative_len=4, speculative_propose=0, speculative_recheck=0):
+               speculative_len=4, speculative_propose=0, speculative_recheck=0, kv_share="checkpoint"):
     """(tokenizer, model, n_loop or None, exits, speculative options) of a checkpoint (or a Hugging Face folder), every
     option checked against the model: what DiscoLoopLM evaluates, opened once (check_model_args: before the harness
     CLI's log lines)."""
     if hf_folder(ckpt):  # e.g. the pretrained model a looped one was continued from (data/smollm2/out)
         enc = folder_tokenizer_first(ckpt)
-        model = from_pretrained(ckpt)
+        model = from_pretrained(ckpt, **kv_override(kv_share))
     else:
         ck = load_checkpoint(ckpt) if isinstance(ckpt, str) else ckpt
         enc = encoding_for(ck)  # before the model is built: a question-answer checkpoint is one line
-        model = model_from_checkpoint(ck)
+        model = model_from_checkpoint(ck, **kv_override(kv_share))
     model.eval()
     n_loop = int(n_loop) if n_loop not in (None, "", 0, "0") else None
     K = model.config.n_loop
@@ -93,12 +94,13 @@ def open_model(ckpt, n_loop=None, exit_rule="", exit_threshold=-1, exit_min_loop
 class DiscoLoopLM(TemplateLM):
     def __init__(self, ckpt, n_loop=None, batch_size=16, device="auto", dtype="auto", max_gen_toks=256, exit_rule="",
                  exit_threshold=-1, exit_min_loops=1, speculative_draft_loops=0, speculative_len=4,
-                 speculative_propose=0, speculative_recheck=0, **_):
+                 speculative_propose=0, speculative_recheck=0, kv_share="checkpoint", **_):
         super().__init__()
         self.dev = resolve_device(device)
         opts = dict(n_loop=n_loop, exit_rule=exit_rule, exit_threshold=exit_threshold, exit_min_loops=exit_min_loops,
                     speculative_draft_loops=speculative_draft_loops, speculative_len=speculative_len,
-                    speculative_propose=speculative_propose, speculative_recheck=speculative_recheck)
+                    speculative_propose=speculative_propose, speculative_recheck=speculative_recheck,
+                    kv_share=kv_share)
         held = CHECKED.pop(ckpt, None) if isinstance(ckpt, str) else None  # opened by check_model_args with these
         self.enc, model, self.n_loop, self.exits, self.spec = (
             held[1] if held and held[0] == opts else open_model(ckpt, **opts))
@@ -140,7 +142,10 @@ class DiscoLoopLM(TemplateLM):
         b = torch.cat([torch.full((n,), i) for i, (_, n) in enumerate(rows)])           # row of each scored position
         t = torch.cat([torch.arange(len(r) - 1 - n, len(r) - 1) for r, n in rows])      # its position
         with self.ctx:
-            h = self.model.hidden(x.to(self.dev), n_loop=self.n_loop, exits=self.exits)  # (B, T, d)
+            if self.model.config.kv_share == "latest":  # as generation reads it: a position a call through the cache
+                h = self.model.hidden_stepwise(x.to(self.dev), n_loop=self.n_loop)
+            else:
+                h = self.model.hidden(x.to(self.dev), n_loop=self.n_loop, exits=self.exits)  # (B, T, d)
             logits = self.model.head(h[b.to(self.dev), t.to(self.dev)])  # (scored, V)
         logp = F.log_softmax(logits.float(), dim=-1).cpu()
         if self.exits is not None:  # the real positions of each row (right padding is not the model's work)
@@ -220,14 +225,15 @@ class VllmLM(DiscoLoopLM):
     the same stop rule applied to the tokens it returns, all submitted at once (continuous batching). The engine runs
     every loop: main() refuses exit and speculative keys in one line first (engine.refuse_keys)."""
 
-    def __init__(self, ckpt, n_loop=None, dtype="auto", max_gen_toks=256, **_):
+    def __init__(self, ckpt, n_loop=None, dtype="auto", max_gen_toks=256, kv_share="checkpoint", **_):
         from discoloop import engine
         TemplateLM.__init__(self)
         n_loop = int(n_loop) if n_loop not in (None, "", 0, "0") else None
-        cfg, self.n_loop = engine.check_export(ckpt, n_loop)
+        share = kv_override(kv_share).get("kv_share")
+        cfg, self.n_loop = engine.check_export(ckpt, n_loop, kv_share=share)
         self.enc = folder_tokenizer(ckpt, cfg.vocab_size)
         self.llm = engine.start(ckpt, n_loop, dtype="float32" if dtype == "auto" else dtype, skip_tokenizer_init=True,
-                                max_logprobs=1)
+                                max_logprobs=1, kv_share=share)
         self.exits = self.spec = None
         self.loops, self.generated, self.batch = [0, 0], 0, 1 << 30  # one engine call takes every request
         self.max_gen_toks, self.max_length = int(max_gen_toks), cfg.block_size
@@ -293,12 +299,14 @@ DEFAULTS = dict(
     include_path="",          # folder of extra task YAMLs (local tasks; data/benchmarks/prepare.py writes Table 2's)
     threads=0,                # CPU threads (0 = torch default)
     json="",                  # output JSON (default: eval_harness.json in the run folder)
+    **KV_KEYS,
     **EXIT_KEYS,
     **SPEC_KEYS,
 )
 CHECKS = {**SYSTEM_CHECKS, "batch_size": INT_GE1, "backend": (lambda v: v in BACKENDS, f"one of {BACKENDS}"), "limit": INT_GE0, "json": OUTPUT, "n_loop": INT_GE0,
           "tasks": (lambda v: all(t.strip() for t in v.split(",")), "a comma list of lm-eval task names"),
           "include_path": (lambda v: v == "" or os.path.isdir(v), "'' or an existing folder of task YAMLs"), **EXIT_CHECKS,
+          **KV_CHECKS,
           **SPEC_CHECKS}
 CHECKED = {}  # {ckpt path: checkpoint} read by check_model_args, so that the harness's model does not read it again
 MADE = []  # the models the harness CLI built: what their speculative keys did is said after it ends
@@ -439,7 +447,7 @@ def main(argv):
         if c["backend"] == "vllm":  # what the engine cannot run, before anything else is said or done
             from discoloop import engine
             engine.refuse_keys({k: c[k] for k in (*EXIT_KEYS, *SPEC_KEYS)})
-            engine.check_export(c["ckpt"], c["n_loop"] or None)
+            engine.check_export(c["ckpt"], c["n_loop"] or None, kv_share=kv_override(c["kv_share"]).get("kv_share"))
         path = c["json"] or beside_checkpoint(c["ckpt"], "eval_harness.json")  # decided before the evaluation
         path = target(path, "eval_harness.py", "json")  # a file not ours stays; the result goes beside it
         check_writable(path, "pass --json=PATH somewhere writable")
@@ -449,10 +457,10 @@ def main(argv):
             torch.set_num_threads(c["threads"])
         tm, tasks = task_names(c, TaskManager(include_path=c["include_path"] or None))
         if c["backend"] == "vllm":
-            lm = VllmLM(c["ckpt"], n_loop=c["n_loop"], dtype=c["dtype"], **{k: c[k] for k in (*EXIT_KEYS, *SPEC_KEYS)})
+            lm = VllmLM(c["ckpt"], n_loop=c["n_loop"], dtype=c["dtype"], kv_share=c["kv_share"])
         else:
             lm = DiscoLoopLM(c["ckpt"], n_loop=c["n_loop"], batch_size=c["batch_size"], device=c["device"],
-                             dtype=c["dtype"], **{k: c[k] for k in (*EXIT_KEYS, *SPEC_KEYS)})
+                             dtype=c["dtype"], **{k: c[k] for k in (*EXIT_KEYS, *SPEC_KEYS, *KV_KEYS)})
         try:  # the task data: from the hub's cache, or local files (--include_path)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", DeprecationWarning)

@@ -637,6 +637,12 @@ class GPT(nn.Module):
                 view.slot.commit()
         return x
 
+    def hidden_stepwise(self, idx, n_loop=None):
+        """hidden() as generation computes it, one position a call through a new cache: what kv_share='latest' reads
+        (each loop sees the last loop of every earlier position); the same as hidden() for the other keys."""
+        cache = self.new_cache(n_loop)
+        return torch.cat([self.hidden(idx[:, t:t + 1], n_loop, cache=cache) for t in range(idx.size(1))], dim=1)
+
     def loop_step(self, k, x, pos=None, cache=None, last=None, done=None, read=None):
         """Loop k of the recurrence for a set of positions, the one place its body is written: f_theta on what loop k
         reads (x; the learned positions again where the recurrence adds them) with loop k's keys and values (cache:

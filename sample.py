@@ -17,7 +17,8 @@ import torch
 from discoloop import from_checkpoint
 from discoloop import speculative
 from discoloop.checkpoint import load_checkpoint
-from discoloop.from_checkpoint import EXIT_CHECKS, EXIT_KEYS, checkpoint_tokenizer, exit_option, model_from_checkpoint
+from discoloop.from_checkpoint import (EXIT_CHECKS, EXIT_KEYS, KV_CHECKS, KV_KEYS, checkpoint_tokenizer, exit_option,
+                                      kv_override, model_from_checkpoint)
 from discoloop.common import ERRORS, SYSTEM_CHECKS, ConfigError, autocast, die, setup
 from configurator import INT_GE0, INT_GE1, check_inert, configure, num
 from discoloop.precision import resolve_dtype
@@ -37,13 +38,14 @@ DEFAULTS = dict(
     threads=0,           # CPU threads (0 = torch's choice)
     device="auto",       # 'auto' | 'cpu' | 'cuda' (common.py's rule)
     dtype="float32",     # 'float32' | 'bfloat16' | 'auto'
+    **KV_KEYS,
     **EXIT_KEYS,
     **SPEC_KEYS,
 )
 # when a key acts (configurator.check_inert, train.py's rule: a typed key that would do nothing is refused)
 ACTIVE = {k: (lambda c: c["temperature"] > 0, "temperature > 0 (temperature 0 takes the top token)") for k in ("top_k", "seed")}
 CHECKS = {**SYSTEM_CHECKS, "num_samples": INT_GE1, "max_new_tokens": INT_GE1, "top_k": INT_GE0, "n_loop": INT_GE0,
-          "temperature": num(0), **EXIT_CHECKS, **SPEC_CHECKS}
+          "temperature": num(0), **KV_CHECKS, **EXIT_CHECKS, **SPEC_CHECKS}
 
 
 def read_prompt(start):
@@ -73,7 +75,8 @@ def main(argv):
         device = setup(c["device"], c["threads"])
         ckpt = load_checkpoint(c["ckpt"])
         enc = checkpoint_tokenizer(ckpt, c["ckpt"])  # a tokenizer with ids the model has no row for: one line
-        model = model_from_checkpoint(ckpt, use_ema=not c["raw"]).to(device).eval()
+        model = model_from_checkpoint(ckpt, use_ema=not c["raw"], **kv_override(c["kv_share"], c["use_cache"]))
+        model = model.to(device).eval()
         exits = exit_option(c["exit_rule"], c["exit_threshold"], c["exit_min_loops"], model, c["n_loop"] or None,
                             c["ckpt"])  # 'gate': the gate trained beside the checkpoint
         spec = spec_option(c["speculative_draft_loops"], c["speculative_len"], model, c["n_loop"] or None, exits,

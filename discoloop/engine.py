@@ -57,11 +57,12 @@ def safetensors_shapes(path):
     return {k: tuple(v["shape"]) for k, v in header.items() if k != "__metadata__"}
 
 
-def check_export(folder, n_loop=None, device="cpu"):
+def check_export(folder, n_loop=None, device="cpu", kv_share=None):
     """The export's config as the engine would build it: one ConfigError line naming the key, before the engine
     starts, for a folder that is not an export, a key the engine cannot honour (an exit rule or speculative key
     written into config.json), a bad value, a head size vLLM's CPU attention refuses, or weights of other sizes than
-    the config's. Reads only: no export folder is written to. Returns the GPTConfig it runs (n_loop: the count)."""
+    the config's. Reads only: no export folder is written to. Returns (the GPTConfig it runs, the loop count);
+    kv_share (not None): another of model.KV_SHARES than the export's, as hf_overrides gives it."""
     path = os.path.join(folder, "config.json")
     try:
         with open(path) as f:
@@ -85,7 +86,8 @@ def check_export(folder, n_loop=None, device="cpu"):
     trained = raw.get("trained_n_loop", raw.get("n_loop", fields["n_loop"]))
     K = raw.get("n_loop", trained) if n_loop is None else n_loop
     try:
-        cfg = GPTConfig.from_dict({**fields, **{k: raw[k] for k in fields if k in raw}, "n_loop": trained})
+        share = {} if kv_share is None else {"kv_share": kv_share}
+        cfg = GPTConfig.from_dict({**fields, **{k: raw[k] for k in fields if k in raw}, "n_loop": trained, **share})
         if not (isinstance(K, int) and K >= 1 and (K <= trained or not cfg.recurrence == "none")
                 and (K >= 2 or cfg.recurrence not in ("disco", "ponder"))):
             raise ValueError(f"n_loop={K!r} is invalid: allowed 1..{trained if cfg.recurrence == 'none' else 'any'}"
@@ -123,18 +125,19 @@ def GPT_SHAPES(cfg):
         return dict(GPT(cfg).state_dict())
 
 
-def start(folder, n_loop=None, dtype="float32", kv_share=0.1, max_num_seqs=32, seed=0, **engine_args):
+def start(folder, n_loop=None, dtype="float32", kv_memory=0.1, max_num_seqs=32, seed=0, kv_share=None, **engine_args):
     """vllm.LLM on the export, after check_export: float32 by default (the exactness claims are float32), eager;
-    kv_share: the share of memory vLLM reserves for its key/value pages (on the CPU, of host memory: its 0.92 default
-    is refused on a shared 24 GiB machine). n_loop: another loop count (hf_overrides, as from_pretrained's n_loop)."""
+    kv_memory: the share of memory vLLM reserves for its key/value pages (on the CPU, of host memory: its 0.92 default
+    is refused on a shared 24 GiB machine). n_loop: another loop count, kv_share another sharing of keys and values
+    across loops (hf_overrides, as from_pretrained's keys)."""
     missing = vllm_missing()
     if missing:
         raise ConfigError(missing)
-    cfg, K = check_export(folder, n_loop)
+    cfg, K = check_export(folder, n_loop, kv_share=kv_share)
     from vllm import LLM
-    overrides = {"n_loop": K} if n_loop is not None else {}
+    overrides = ({"n_loop": K} if n_loop is not None else {}) | ({"kv_share": kv_share} if kv_share is not None else {})
     engine_args.setdefault("enforce_eager", True)  # on a GPU, False captures CUDA graphs (.ci/gpu.sh times both)
-    return LLM(model=folder, dtype=dtype, gpu_memory_utilization=kv_share,
+    return LLM(model=folder, dtype=dtype, gpu_memory_utilization=kv_memory,
                max_model_len=cfg.block_size, max_num_seqs=max_num_seqs, seed=seed, hf_overrides=overrides,
                **engine_args)
 

@@ -182,6 +182,21 @@ def beside_checkpoint(ckpt, name, key="json"):
     return path
 
 
+# what each loop's attention reads for earlier positions, at inference (sample.py, eval_harness.py): model.KV_SHARES
+KV_KEYS = dict(kv_share="checkpoint")  # 'checkpoint' = what it was trained with; '', 'first' or 'latest' (Huginn's)
+KV_CHECKS = {"kv_share": (lambda v: v in ("checkpoint", "", "first", "latest"),
+                          "'checkpoint' (its own), '' (each loop its own), 'first' (loop 1's) or 'latest' (the last "
+                          "loop each position wrote)")}
+
+
+def kv_override(kv_share, use_cache=True):
+    """model_from_checkpoint's override for the kv_share key ({} for the checkpoint's own); 'latest' without the
+    cache is refused (it is what a cache keeps: a forward over the whole prefix reads each loop's own)."""
+    if kv_share == "latest" and not use_cache:
+        raise ConfigError("kv_share='latest' reads what the cache kept of earlier positions: allowed use_cache=True")
+    return {} if kv_share == "checkpoint" else {"kv_share": kv_share}
+
+
 # the scripts' adaptive-depth keys (sample.py, eval_harness.py, exits.py, bench.py sample): model.Exit
 EXIT_KEYS = dict(
     exit_rule="",          # adaptive depth: '' = off (every token runs every loop), 'prob', 'kl' or 'gate' (model.Exit)
