@@ -18,7 +18,7 @@ from discoloop.ownership import marked, owned
 from discoloop.compat import renamed, retire, upgrade_checkpoint
 from configurator import COMMAND_LINE
 from discoloop.curriculum import joins_changed
-from model import ARCH_KEYS, GPTConfig
+from model import ARCH_KEYS, GPT, GPTConfig
 
 
 def save_checkpoint(obj, path):
@@ -60,6 +60,44 @@ def keep_copy(path, copy_path):
     except OSError:
         shutil.copyfile(path, tmp)
     os.replace(tmp, copy_path)
+
+
+# which model keys size each weight (by a part of its name): what a mismatch names
+SIZED_BY = (("wpe", "block_size, pos_emb"), ("c_attn", "n_embd, n_head, n_kv_head, bias, qkv_bias"),
+            ("mlp.c_fc", "n_embd, n_hidden, mlp, bias"), ("mlp.c_proj", "n_hidden, mlp, bias"),
+            ("wte", "vocab_size, n_embd"), ("lm_head", "vocab_size, tie_embeddings"), ("gate_", "disco_gate"),
+            ("ln_inj", "recurrence"), ("ln_", "norm, bias, sandwich_norm"), ("attn.c_proj", "n_embd, bias"))
+
+
+def sizes_match(args, weights, where):
+    """model_args against the weights present (their names and shapes), before any module is built: a record of
+    100,000 layers beside the weights of one is one line naming the keys that make the size, not minutes of building;
+    then every weight's shape against the model these args build on the meta device (no memory, no time): a hand-edited
+    n_hidden, n_kv_head, mlp or block_size is one line naming the weight and the keys that size it."""
+    blocks = {k.split(".")[2] for k in weights if k.startswith("transformer.h.")}
+    copies = args.get("n_loop", 1) if args.get("recurrence") == "none" else 1
+    want = args.get("n_layer", 0) * copies if isinstance(copies, int) else None
+    keys = f"n_layer={args.get('n_layer')!r}" + (f" x n_loop={copies!r} (recurrence='none': untied copies)" if copies != 1 else "")
+    wte = weights.get("transformer.wte.weight")
+    why = (f"{keys} make {want} blocks, its weights hold {len(blocks)}" if want != len(blocks) else
+           f"vocab_size={args.get('vocab_size')!r}, n_embd={args.get('n_embd')!r}, its embedding is {tuple(wte.shape)}"
+           if wte is not None and tuple(wte.shape) != (args.get("vocab_size"), args.get("n_embd")) else None)
+    if not why:
+        try:
+            with torch.device("meta"):
+                built = GPT(GPTConfig.from_dict(args)).state_dict()
+        except (TypeError, ValueError):
+            built = None  # the config's own validator names it where the model is built
+        for name, w in (weights.items() if built is not None else ()):
+            shape = tuple(built[name].shape) if name in built else None
+            if shape != tuple(w.shape):
+                sized = next((k for part, k in SIZED_BY if part in name), "the architecture keys")
+                args_say = f"{list(shape)} for these model_args" if shape else "no such weight in the model they build"
+                why = f"{name} is {list(w.shape)} in the file, {args_say} (sized by {sized})"
+                break
+    if why:
+        raise CheckpointError(f"'{where}': its model_args do not describe its weights ({why}): damaged or hand-edited; "
+                              "use another copy")
 
 
 RESUME_KEYS = ("model", "model_args", "optimizers", "config", "iter_num", "rng_cpu")
@@ -127,6 +165,7 @@ def load_for_resume(path, config, data_config, rows, defaults):
     """(checkpoint, {key: [checkpoint's, now]} this resume changes), or a one-line CheckpointError: the model,
     the data's generating config and the curriculum's acted joins must be what the weights were trained with."""
     ckpt = load_checkpoint(path, required=RESUME_KEYS)
+    sizes_match(ckpt["model_args"], ckpt["model"], path)  # before the model is built from them
     changes, why = resume_changes(ckpt["config"], config, ckpt.get("dtype_resolved"), defaults)
     # phi_kernel may change: the same numbers up to rounding and ties
     model_keys = [k for k in GPTConfig.__dataclass_fields__ if k not in RESUMABLE]

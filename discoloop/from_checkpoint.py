@@ -12,7 +12,7 @@ import sys
 import torch
 import torch.nn as nn
 
-from discoloop.checkpoint import config_mismatch, content_crc, load_checkpoint
+from discoloop.checkpoint import config_mismatch, content_crc, load_checkpoint, sizes_match
 from discoloop.common import CheckpointError, ConfigError, DataError, not_regular, read_json
 from discoloop.ownership import MARK
 from discoloop.compat import OLD_GATE_FILE
@@ -32,22 +32,6 @@ def runnable_here(args, where):
                   f"this machine cannot run: read as {default!r}", file=sys.stderr)
             args = {**args, key: default}
     return args
-
-
-def sizes_match(args, weights, where):
-    """model_args against the weights present (their names and shapes), before any module is built: a record of
-    100,000 layers beside the weights of one is one line naming the keys that make the size, not minutes of building."""
-    blocks = {k.split(".")[2] for k in weights if k.startswith("transformer.h.")}
-    copies = args.get("n_loop", 1) if args.get("recurrence") == "none" else 1
-    want = args.get("n_layer", 0) * copies if isinstance(copies, int) else None
-    keys = f"n_layer={args.get('n_layer')!r}" + (f" x n_loop={copies!r} (recurrence='none': untied copies)" if copies != 1 else "")
-    wte = weights.get("transformer.wte.weight")
-    why = (f"{keys} make {want} blocks, its weights hold {len(blocks)}" if want != len(blocks) else
-           f"vocab_size={args.get('vocab_size')!r}, n_embd={args.get('n_embd')!r}, its embedding is {tuple(wte.shape)}"
-           if wte is not None and tuple(wte.shape) != (args.get("vocab_size"), args.get("n_embd")) else None)
-    if why:
-        raise CheckpointError(f"'{where}': its model_args do not describe its weights ({why}): damaged or hand-edited; "
-                              "use another copy")
 
 
 def model_from_checkpoint(ckpt, use_ema=True, **overrides):

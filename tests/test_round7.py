@@ -70,6 +70,25 @@ def test_sizes_are_checked_against_the_weights_before_building(tiny_run, tmp_pat
     one_line(run(["sample.py", f"--ckpt={tmp_path / 'n_layer=100000'}", "--max_new_tokens=1"], timeout=120), "n_layer=100000")
 
 
+def test_every_size_is_checked_against_the_weights_before_building(tiny_run, tiny_data, tmp_path):
+    """Issue 72 item 3: the check compared the block count and the embedding only; n_hidden, n_kv_head, mlp or a
+    block_size of 10^8 on learned positions crashed load_state_dict or export_hf.py, or ran out of memory. Each is one
+    line naming the weight and the keys that size it: opened, resumed, exported."""
+    from discoloop.checkpoint import load_checkpoint
+    from discoloop.common import CheckpointError
+    from discoloop.from_checkpoint import model_from_checkpoint
+    for args, weight, key in (({"n_hidden": 512}, "mlp.c_fc.weight", "n_hidden"), ({"n_kv_head": 1}, "attn.c_attn", "n_kv_head"),
+                              ({"mlp": "swiglu"}, "mlp.c_fc.weight", "mlp"), ({"block_size": 10 ** 8}, "wpe", "block_size")):
+        d = doctored(tiny_run, tmp_path / key, **args)
+        with pytest.raises(CheckpointError, match="do not describe its weights") as e:
+            model_from_checkpoint(load_checkpoint(d))
+        assert weight in str(e.value) and key in str(e.value), str(e.value)
+        one_line(run(["export_hf.py", f"--ckpt={d}", f"--out_dir={tmp_path / ('hf_' + key)}"]), weight)
+        assert not (tmp_path / ("hf_" + key)).exists()
+    one_line(run(tiny_train_args(tiny_data, str(tmp_path / "n_hidden"), "--init_from=resume", "--max_iters=8",
+                                 "--recurrence=loop")), "mlp.c_fc.weight", "n_hidden")
+
+
 def test_compute_only_keys_are_the_machines(tiny_run, tmp_path, monkeypatch):
     """'auto' checkpointing (resolved by a training run) opens as 'none', one note naming key and file; the retired fused
     kernel is compat's (read as 'auto': tests/test_export.py exports and loads one)."""
