@@ -9,6 +9,11 @@
 # (eval_harness.py) against mean loops per token, fixed loop counts beside them; then SmolLM2 continued as a loop.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+case "${1:-}" in
+  ""|gate|change|language) ;;  # a typo ran the default measurement, then blamed a missing checkpoint
+  *) echo "exit_measure.sh: '$1' is not a measurement: allowed (none: the symbolic one), gate, change, language" >&2
+     exit 2;;
+esac
 mkdir -p out/exit
 if [ "${1:-}" = gate ]; then  # issue 62: the learned exit and speculative decoding on the small runs, with and without
   # loop_loss (trained by: python train.py config/pretrain_small.py --recurrence=disco [--loop_loss=0.3]

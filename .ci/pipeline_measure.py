@@ -23,9 +23,11 @@ import time
 
 import torch
 
-sys.path.insert(0, ".")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # run_args, from any folder
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo
 from discoloop.checkpoint import load_checkpoint  # noqa: E402
-from run_args import runs_and_options  # noqa: E402
+from discoloop.common import ERRORS  # noqa: E402
+from run_args import refuse, runs_and_options  # noqa: E402
 from discoloop.from_checkpoint import model_from_checkpoint  # noqa: E402
 from discoloop import speculative  # noqa: E402
 from discoloop.speculative import Lane, Lanes, Pipeline, Speculative, rows_at  # noqa: E402
@@ -65,7 +67,7 @@ def call_costs(model, ctx, reps=200):
             model.head(model.hidden(tok, cache=cache)[:, -1]).float().argmax(-1)
             crop()
         c1, t1 = timed(plain, reps), timed(token, reps)
-        lanes = [Lanes(K, ctx + K + 1) for _ in range(model.config.n_layer)]
+        lanes = [Lanes(K, ctx + K + 1, model.config.kv_share) for _ in range(model.config.n_layer)]
         for i, c in enumerate(lanes):
             c.load([loop[i] for loop in cache], ctx)
         cn, an = [], []
@@ -88,12 +90,33 @@ def row(*cells):
     print("| " + " | ".join(str(c) for c in cells) + " |", flush=True)
 
 
-for run in args:
-    model = model_from_checkpoint(load_checkpoint(run)).eval()
+PROMPT = 16  # random prompt tokens before the measured ones
+
+
+def opened(run):
+    """The run's model, or one line (before any run is measured) for what cannot be pipelined or does not fit."""
+    try:
+        model = model_from_checkpoint(load_checkpoint(run)).eval()
+    except ERRORS as e:
+        refuse(__file__, e)
+    cfg = model.config
+    if model.rec.copies or cfg.n_loop < 2:
+        refuse(__file__, f"{run!r} has recurrence={cfg.recurrence!r}, n_loop={cfg.n_loop}: pipelining needs a loop of "
+                         "shared blocks run at least twice (recurrence 'loop', 'disco' or 'ponder', n_loop >= 2)")
+    if PROMPT + N > cfg.block_size:
+        room = cfg.block_size - PROMPT
+        refuse(__file__, f"--new_tokens={N} after the {PROMPT}-token prompt needs block_size >= {PROMPT + N}, and "
+                         f"{run!r} has {cfg.block_size}: " + (f"allowed --new_tokens=1..{room}" if room > 0 else
+                                                               "its window is too short to time decoding"))
+    return model
+
+
+models = [(run, opened(run)) for run in args]
+for run, model in models:
     K = model.config.n_loop
     torch.manual_seed(0)
-    x = torch.randint(0, model.config.vocab_size, (1, 16))
-    print(f"\n{run}: {model.rec.label}, K={K}, {N} new tokens after a 16-token random prompt, greedy, fp32, "
+    x = torch.randint(0, model.config.vocab_size, (1, PROMPT))
+    print(f"\n{run}: {model.rec.label}, K={K}, {N} new tokens after a {PROMPT}-token random prompt, greedy, fp32, "
           f"threads {threads}", flush=True)
     row("decoder", "seconds", "tokens/s", "vs plain", "tokens/call", "proposals accepted", "lanes/call",
         "= plain greedy", "call in decoder / A(n) alone (ms)", "between calls j (ms)", "predicted", "pred/meas")
@@ -102,6 +125,8 @@ for run in args:
     decoders = [None, Speculative(1, 2), Speculative(3, 4), Pipeline(1), Pipeline(2)]
     decoders += [Pipeline(1, q2) for q2 in range(2, K)] + [Pipeline(2, q2) for q2 in range(3, K)]
     decoders = [d for d in decoders if d is None or (d.propose if isinstance(d, Pipeline) else d.draft_loops) < K]
+    if model.config.kv_share:  # draft-then-verify keeps a cache per (loop, layer): speculative.spec_option
+        decoders = [d for d in decoders if not isinstance(d, Speculative)]
     best, got, costs, kept = [float("inf")] * len(decoders), [None] * len(decoders), [], list(decoders)
     for rep in range(reps):  # interleaved, the fastest of each: the load of a shared machine moves during a run
         for i, dec in enumerate(decoders):

@@ -388,3 +388,28 @@ def test_a_folder_of_kept_checkpoints_without_ckpt_pt_names_them(token_run, tmp_
     (d / "ckpt_2.exit_gate.pt").write_bytes(b"")  # a gate is not a checkpoint
     one_line(run(["exits.py", "gate", f"--ckpt={d}"]), "ckpt.pt' not found", "holds ckpt_2.pt, ckpt_10.pt: allowed one")
     assert not (d / "ckpt.exit_gate.pt").exists()
+
+
+def test_the_measure_scripts_refuse_in_one_line_before_the_work(token_run, tiny_run, tmp_path):
+    """Issue 72 item 4: the .ci measurement scripts are commands a user runs (RESULTS.md's recipes): what they cannot
+    measure is one line, exit 2, before the work, from any folder."""
+    run_dir = str(token_run / "run")
+    one_line(run([os.path.join(REPO, ".ci", "arms_measure.py"), run_dir], cwd=tmp_path), "--windows=64 is invalid",
+             "allowed 1..")
+    r = ok(run([".ci/arms_measure.py", os.path.join(run_dir, "ckpt.pt"), "--windows=1"]))  # a checkpoint file
+    assert "| run |" in r.stdout
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    shutil.copy(os.path.join(run_dir, "ckpt.pt"), bare / "ckpt.pt")  # a run folder without metrics.jsonl
+    assert "| - |" in ok(run([".ci/arms_measure.py", str(bare), "--windows=1"])).stdout
+    one_line(run([os.path.join(REPO, ".ci", "pipeline_measure.py"), run_dir], cwd=tmp_path),
+             "--new_tokens=200", "block_size >= 216", "allowed --new_tokens=1..16")
+    one_line(run([".ci/pipeline_measure.py", tiny_run]), "its window is too short")
+    flat = tmp_path / "flat"
+    ok(run(["train.py", "config/pretrain_tiny.py", "--data_args={}", f"--data_dir={token_run / 'shards'}",
+            f"--out_dir={flat}", "--n_embd=32", "--n_head=2", "--n_layer=1", "--n_loop=2", "--block_size=32",
+            "--batch_size=4", "--gradient_accumulation_steps=1", "--max_iters=1", "--eval_interval=1", "--eval_iters=1",
+            "--warmup_iters=1", "--lr_decay_iters=1", "--recurrence=none", "--threads=1"]))
+    one_line(run([".ci/pipeline_measure.py", str(flat), "--new_tokens=4"]), "recurrence='none'")
+    r = subprocess.run(["bash", os.path.join(REPO, ".ci", "exit_measure.sh"), "chnage"], capture_output=True, text=True)
+    assert r.returncode == 2 and "'chnage' is not a measurement" in r.stderr and r.stdout == "", r.stderr
