@@ -478,6 +478,14 @@ def topk_phi_seconds(model, B, T, ctx, device, steps):
     return (cfg.n_loop - 1) * timed(phi, steps, device)
 
 
+# train.py's keys that decoding never reads (the model keys that only shape training among them): bench.py sample
+# refuses them typed, as train.py refuses an inert key
+SAMPLE_IGNORES = ((set(train_config.defaults()) - set(GPTConfig.defaults()) - {"device", "threads", "dtype", "compile",
+                                                                              "compile_mode", "seed"})
+                  | {"loop_loss", "loop_loss_weights", "label_smoothing", "dropout", "loss_chunk",
+                     "activation_checkpointing", "pos_shift", "scaled_init"})
+
+
 def sample_main(argv):
     """bench.py sample CONFIG [--new_tokens=256] [--prompt=16] [--ckpt=RUN] [--exit_rule=prob --exit_threshold=0.9]
     [--speculative_draft_loops=1 --speculative_len=4] [--speculative_propose=1]: new tokens per second of greedy
@@ -501,6 +509,11 @@ def sample_main(argv):
                         need_vocab=not any(a.startswith("--ckpt=") and len(a) > 7 for a in argv),  # a run has its own
                         files=[sys.modules[m].__file__ for m in ("discoloop.from_checkpoint", "discoloop.speculative")])  # their keys' comments
     try:
+        typed = sorted({x[2:].split("=")[0] for x in argv if x.startswith("--")} & SAMPLE_IGNORES)
+        if typed:  # the hostile pass: --loop_sample, --learning_rate were taken without a word
+            what = "is a training key" if len(typed) == 1 else "are training keys"
+            raise ConfigError(f"{', '.join('--' + k for k in typed)} {what}: bench.py sample times decoding and reads "
+                              "none: drop it")
         device = setup(c["device"], c["threads"])
         if c["ckpt"]:
             typed = sorted({x[2:].split("=")[0] for x in argv if x.startswith("--")} & set(GPTConfig.defaults()))

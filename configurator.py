@@ -23,7 +23,7 @@ import math
 import os
 import sys
 
-from discoloop.common import ConfigError
+from discoloop.common import ConfigError, check_writable
 from discoloop.compat import RENAMED, retire
 
 
@@ -84,18 +84,18 @@ FOLDER = (lambda v: v.strip() != "", "a folder path")
 
 
 def output_file(path):
-    """An output file written at the end of a script's work: its folder is made now and must be writable."""
+    """An output file written at the end of a script's work: its folder can be made (and is, when it is written;
+    common.check_writable makes and removes it now, so a refused command leaves no folder behind)."""
     if not path:
         return True
-    folder = os.path.dirname(os.path.abspath(path))
     try:
-        os.makedirs(folder, exist_ok=True)
-    except OSError:
+        check_writable(path, "")
+    except ConfigError:
         return False
-    return not os.path.isdir(path) and os.access(folder, os.W_OK)
+    return not os.path.isdir(path)
 
 
-OUTPUT = (output_file, "a writable file path (its folder is made if missing)")
+OUTPUT = (output_file, "a writable file path (its folder is made when it is written)")
 
 
 def check(config, checks):

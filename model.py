@@ -117,7 +117,9 @@ class GPTConfig:
               "loop_loss": (lambda c: c["recurrence"] != "none" and not c.get("loops_by_hops") and c["n_loop"] > 1,
                             "loops the head reads alike: n_loop > 1 (n_loop={n_loop}), not recurrence='none' nor "
                             "loops_by_hops"),
-              "loop_loss_weights": (lambda c: c["loop_loss"] > 0, "loop_loss > 0"),
+              "loop_loss_weights": (lambda c: c["loop_loss"] > 0 and c["n_loop"] > 2,
+                                    "loop_loss > 0 with two or more earlier loops to weigh (n_loop > 2; n_loop={n_loop}"
+                                    ", loop_loss={loop_loss})"),
               "qkv_bias": (lambda c: not c["bias"], "bias=False (bias=True already has q, k, v biases)")}
 
     def __post_init__(self):
@@ -793,8 +795,9 @@ class GPT(nn.Module):
 # ---- generation's choices: what a token is sampled from, when a token stops looping --------------------------------
 def sampling_probs(logits, temperature, top_k=None):
     """The distribution generation samples from, of float logits (..., V): / temperature, the top_k likeliest,
-    softmax. GPT.generate and speculative.py's decoders read it here."""
-    logits = logits / temperature
+    softmax. GPT.generate and speculative.py's decoders read it here. The top logit is subtracted first: a tiny
+    temperature (1e-40) then sends the others to -inf, never the top one to inf (inf - inf: NaN)."""
+    logits = (logits - logits.amax(-1, keepdim=True)) / temperature
     if top_k:
         kth = logits.topk(min(top_k, logits.size(-1)), dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))

@@ -29,6 +29,7 @@ class RowLog:
     def write(self, obj):
         obj = {k: (None if isinstance(v, float) and v != v else v) for k, v in obj.items()}  # NaN is not JSON: null
         if self.path:  # one write of one whole line (O_APPEND): no reader sees half a row
+            os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
             fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
             try:
                 os.write(fd, (json.dumps(obj, default=str) + "\n").encode())

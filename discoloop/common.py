@@ -150,6 +150,10 @@ def check_writable(path, hint):
     made and removed there (os.access says yes to root on any folder; a read-only mount or a file in the way says
     no). One ConfigError line naming the path, and `hint`, what to do."""
     folder = os.path.dirname(os.path.abspath(path))
+    made, up = [], folder  # the folders this check makes, removed again: a refused command leaves nothing behind
+    while not os.path.exists(up):
+        made.append(up)
+        up = os.path.dirname(up)
     try:
         os.makedirs(folder, exist_ok=True)
         fd, probe = tempfile.mkstemp(dir=folder, prefix=".writable-")
@@ -157,13 +161,21 @@ def check_writable(path, hint):
         os.remove(probe)
     except OSError as e:
         raise ConfigError(f"cannot write '{path}' ({e.strerror or type(e).__name__}): {hint}") from None
+    finally:
+        for d in made:  # deepest first; one that is no longer empty stays
+            try:
+                os.rmdir(d)
+            except OSError:
+                break
 
 
 def atomic_write(path, content, durable=False):
     """Write a file whole or not at all: a temp file, then a rename. `content` is str, bytes, or a function
     f(binary file). durable: fsync the file and the folder (checkpoints, shards). An OSError leaves no temp file. A
-    symbolic link stays one: its target is written (made, when the link dangles)."""
+    symbolic link stays one: its target is written (made, when the link dangles). Its folder is made if absent
+    (check_writable proved it can be, and made nothing that would stay behind a refusal)."""
     path = os.path.realpath(path)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp = tmp_name(path)
     try:
         with open(tmp, "wb") as f:

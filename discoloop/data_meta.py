@@ -46,6 +46,9 @@ def read_meta(data_dir):
     if not os.path.isfile(path):
         raise DataError(f"no prepared dataset at '{data_dir}' ({'a file' if os.path.isfile(data_dir) else 'no meta.json'})")
     meta = read_unchanged(path, read_json)  # read once per process while unchanged
+    if not isinstance(meta.get("kind", ""), str):  # a list or an object would be an unhashable key below
+        raise DataError(f"'{path}': kind={str(meta['kind'])[:60]!r} is invalid: allowed {KINDS} (damaged: prepare the "
+                        "folder again)")
     for field, required, (ok, allowed) in META_FIELDS[None] + META_FIELDS.get(meta.get("kind"), []):
         *parent, name = field.split(".")
         where = meta.get(parent[0], {}) if parent else meta
@@ -66,7 +69,7 @@ def read_meta(data_dir):
 def kind_of(meta):
     """The folder's kind, as its meta.json names it."""
     kind = meta.get("kind")
-    if kind not in KINDS:
+    if not isinstance(kind, str) or kind not in KINDS:
         raise DataError(f"meta.json names kind={kind!r}: allowed {KINDS} (a folder prepared before meta.json named "
                         "its kind: prepare it again)")
     return kind

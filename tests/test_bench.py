@@ -232,3 +232,9 @@ def test_bench_sample_with_exits():
     r = run(args + ["--exit_rule=prob", "--recurrence=none"])  # notes first: the config's Phi keys are inert with none
     errors = [x for x in r.stderr.splitlines() if not x.startswith("note:")]
     assert r.returncode == 2 and len(errors) == 1 and "recurrence='none'" in errors[0], r.stderr
+
+
+def test_bench_sample_refuses_training_keys():
+    """--loop_sample and --learning_rate were taken without a word by a subcommand that times decoding."""
+    one_line(run(["bench.py", "sample", "config/pretrain_small.py", "--vocab_size=257", "--loop_sample=0.5",
+                  "--learning_rate=0.1", "--new_tokens=2"]), "--learning_rate, --loop_sample are training keys")

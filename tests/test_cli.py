@@ -251,3 +251,23 @@ def test_precision_is_one_decision_with_its_reason(tmp_path, monkeypatch):
     monkeypatch.setattr("discoloop.precision.model_cpu_dtype", lambda m, x, y, a: ("float32", f"timed {type(m).__name__} {x}", {"float32": 1.0}))
     assert decide_dtype("auto", "cpu", None, make, lambda: ("X", "Y"), {}) == ("float32", "timed Linear X", {"float32": 1.0})
     assert built == [1]
+
+
+def test_a_mistyped_ckpt_leaves_no_folder_and_a_bad_meta_kind_is_one_line(tiny_run, tiny_data, tmp_path):
+    """exits.py gate, exits.py and eval_harness.py made the folders of a mistyped --ckpt before refusing it; a
+    meta.json whose kind is a list was 'unhashable' (issue 72 item 5)."""
+    nowhere = tmp_path / "typo" / "run"
+    for args in (["exits.py", "gate", f"--ckpt={nowhere}"], ["exits.py", f"--ckpt={nowhere}"],
+                 ["eval_harness.py", f"--ckpt={nowhere}", f"--json={tmp_path / 'new' / 'e.json'}"]):
+        r = run(args)
+        assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-1500:]
+        assert not (tmp_path / "typo").exists() and not (tmp_path / "new").exists(), args
+    import shutil
+    bad = tmp_path / "data"
+    shutil.copytree(tiny_data, bad)
+    meta = json.loads((bad / "meta.json").read_text())
+    for kind in (["qa"], {"qa": 1}):
+        (bad / "meta.json").write_text(json.dumps({**meta, "kind": kind}))
+        for args in (tiny_train_args(str(bad), str(tmp_path / "r"), "--max_iters=1"),
+                     ["exits.py", f"--ckpt={tiny_run}", f"--data_dir={bad}"]):
+            one_line(run(args), "kind=", "is invalid")

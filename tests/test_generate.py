@@ -218,3 +218,21 @@ def test_exit_options_that_could_not_act_are_one_line(rule, threshold, min_loops
     with pytest.raises(ConfigError, match=re.escape(needle)):
         exit_option(rule, threshold, min_loops, model, n_loop)
     assert exit_option("", -1, 1, model) is None and exit_option("prob", -1, 3, model).threshold == 0.9  # the rule's own
+
+
+def test_a_tiny_temperature_samples_the_top_token_not_nan():
+    """--temperature=1e-40 divided the logits into inf and softmax into NaN (plain and pipelined decoding): the top
+    logit is subtracted first, so the distribution is the top token's (issue 72 item 5)."""
+    from model import sampling_probs
+    logits = torch.tensor([[1.0, 3.0, 2.0, -float("inf")]])
+    p = sampling_probs(logits, 1e-40)
+    assert torch.equal(p, torch.tensor([[0.0, 1.0, 0.0, 0.0]]))
+    assert torch.allclose(sampling_probs(logits, 0.7), torch.softmax(logits / 0.7, -1))
+    from discoloop import speculative
+    torch.manual_seed(0)
+    m = GPT(GPTConfig(vocab_size=40, block_size=32, n_layer=2, n_head=2, n_embd=32, n_loop=3)).eval()
+    x = torch.randint(0, 40, (1, 4))
+    greedy = m.generate(x, 8, temperature=0)
+    assert torch.equal(m.generate(x, 8, temperature=1e-40), greedy)
+    spec = speculative.spec_option(0, 4, m, propose=1)
+    assert torch.equal(speculative.generate(m, x, 8, spec, temperature=1e-40, generator=torch.Generator()), greedy)

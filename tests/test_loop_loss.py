@@ -41,3 +41,12 @@ def test_loop_loss_off_and_refused():
     from configurator import inert
     assert "loop_loss" in inert({**GPTConfig.defaults(), "recurrence": "none", "loop_loss": 0.3}, GPTConfig.defaults(),
                                 GPTConfig.ACTIVE)
+
+
+def test_rising_weights_with_one_earlier_loop_are_inert():
+    """K = 2 has one earlier loop: 'rising' weighs it as 'mean' does, and said nothing (issue 72 item 5)."""
+    from configurator import inert
+    c = {**GPTConfig.defaults(), "loop_loss": 0.6, "loop_loss_weights": "rising", "n_loop": 2}
+    found = inert(c, GPTConfig.defaults(), GPTConfig.ACTIVE, ["loop_loss_weights"])
+    assert "loop_loss_weights" in found and "n_loop > 2" in found["loop_loss_weights"], found
+    assert "loop_loss_weights" not in inert({**c, "n_loop": 3}, GPTConfig.defaults(), GPTConfig.ACTIVE, [])
