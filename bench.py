@@ -486,6 +486,21 @@ SAMPLE_IGNORES = ((set(train_config.defaults()) - set(GPTConfig.defaults()) - {"
                      "activation_checkpointing", "pos_shift", "scaled_init"})
 
 
+def refuse_typed(argv, ckpt):
+    """bench.py sample's keys that would do nothing, typed: a training key (--loop_sample, --learning_rate were taken
+    without a word), or with --ckpt a model key (--n_loop=2 with --ckpt ran K=4 and said nothing)."""
+    given = {x[2:].split("=")[0] for x in argv if x.startswith("--")}
+    typed = sorted(given & SAMPLE_IGNORES)
+    if typed:
+        what = "is a training key" if len(typed) == 1 else "are training keys"
+        raise ConfigError(f"{', '.join('--' + k for k in typed)} {what}: bench.py sample times decoding and reads "
+                          "none: drop it")
+    typed = sorted(given & set(GPTConfig.defaults())) if ckpt else []
+    if typed:
+        raise ConfigError(f"{', '.join('--' + k for k in typed)} {'has' if len(typed) == 1 else 'have'} no "
+                          "effect with --ckpt: the checkpoint's shape, loops and weights are measured")
+
+
 def sample_main(argv):
     """bench.py sample CONFIG [--new_tokens=256] [--prompt=16] [--ckpt=RUN] [--exit_rule=prob --exit_threshold=0.9]
     [--speculative_draft_loops=1 --speculative_len=4] [--speculative_propose=1]: new tokens per second of greedy
@@ -509,17 +524,9 @@ def sample_main(argv):
                         need_vocab=not any(a.startswith("--ckpt=") and len(a) > 7 for a in argv),  # a run has its own
                         files=[sys.modules[m].__file__ for m in ("discoloop.from_checkpoint", "discoloop.speculative")])  # their keys' comments
     try:
-        typed = sorted({x[2:].split("=")[0] for x in argv if x.startswith("--")} & SAMPLE_IGNORES)
-        if typed:  # the hostile pass: --loop_sample, --learning_rate were taken without a word
-            what = "is a training key" if len(typed) == 1 else "are training keys"
-            raise ConfigError(f"{', '.join('--' + k for k in typed)} {what}: bench.py sample times decoding and reads "
-                              "none: drop it")
+        refuse_typed(argv, c["ckpt"])
         device = setup(c["device"], c["threads"])
         if c["ckpt"]:
-            typed = sorted({x[2:].split("=")[0] for x in argv if x.startswith("--")} & set(GPTConfig.defaults()))
-            if typed:  # the hostile pass: --n_loop=2 with --ckpt ran K=4 and said nothing
-                raise ConfigError(f"{', '.join('--' + k for k in typed)} {'has' if len(typed) == 1 else 'have'} no "
-                                  "effect with --ckpt: the checkpoint's shape, loops and weights are measured")
             model = model_from_checkpoint(load_checkpoint(c["ckpt"]))
         else:
             model = GPT(GPTConfig.from_dict({**c, "block_size": max(c["block_size"], c["prompt"] + c["new_tokens"])}))

@@ -226,7 +226,7 @@ class VllmLM(DiscoLoopLM):
     every loop: main() refuses exit and speculative keys in one line first (engine.refuse_keys)."""
 
     def __init__(self, ckpt, n_loop=None, dtype="auto", max_gen_toks=256, kv_share="checkpoint", **_):
-        from discoloop import engine
+        from discoloop import engine  # here: only the vLLM backend reads an export for the engine
         TemplateLM.__init__(self)
         n_loop = int(n_loop) if n_loop not in (None, "", 0, "0") else None
         share = kv_override(kv_share).get("kv_share")
@@ -238,6 +238,13 @@ class VllmLM(DiscoLoopLM):
         self.loops, self.generated, self.batch = [0, 0], 0, 1 << 30  # one engine call takes every request
         self.max_gen_toks, self.max_length = int(max_gen_toks), cfg.block_size
         MADE.append(self)
+
+    @staticmethod
+    def check(c):
+        """What the engine cannot run (exit and speculative keys, an export it refuses): one line, before any work."""
+        from discoloop import engine  # here: only the vLLM backend reads an export for the engine
+        engine.refuse_keys({k: c[k] for k in (*EXIT_KEYS, *SPEC_KEYS)})
+        engine.check_export(c["ckpt"], c["n_loop"] or None, kv_share=kv_override(c["kv_share"]).get("kv_share"))
 
     def _logprobs(self, rows):
         from vllm import SamplingParams
@@ -429,6 +436,14 @@ def note_idle_speculation():
                   "drop the speculative_* keys for them", file=sys.stderr)
 
 
+def make_lm(c):
+    """The harness's model for the script's keys: VllmLM on an export, or DiscoLoopLM."""
+    if c["backend"] == "vllm":
+        return VllmLM(c["ckpt"], n_loop=c["n_loop"], dtype=c["dtype"], kv_share=c["kv_share"])
+    return DiscoLoopLM(c["ckpt"], n_loop=c["n_loop"], batch_size=c["batch_size"], device=c["device"], dtype=c["dtype"],
+                       **{k: c[k] for k in (*EXIT_KEYS, *SPEC_KEYS, *KV_KEYS)})
+
+
 def main(argv):
     if argv and argv[0] == "lm_eval":  # the harness CLI, with "discoloop" registered
         from lm_eval.__main__ import cli_evaluate
@@ -445,22 +460,15 @@ def main(argv):
         if not c["ckpt"]:
             raise ConfigError("--ckpt=PATH is required (a checkpoint file or run folder)")
         if c["backend"] == "vllm":  # what the engine cannot run, before anything else is said or done
-            from discoloop import engine
-            engine.refuse_keys({k: c[k] for k in (*EXIT_KEYS, *SPEC_KEYS)})
-            engine.check_export(c["ckpt"], c["n_loop"] or None, kv_share=kv_override(c["kv_share"]).get("kv_share"))
-        path = c["json"] or beside_checkpoint(c["ckpt"], "eval_harness.json")  # decided before the evaluation
-        path = target(path, "eval_harness.py", "json")  # a file not ours stays; the result goes beside it
+            VllmLM.check(c)
+        path = target(c["json"] or beside_checkpoint(c["ckpt"], "eval_harness.json"), "eval_harness.py", "json")
         check_writable(path, "pass --json=PATH somewhere writable")
         import lm_eval
         from lm_eval.tasks import TaskManager
         if c["threads"]:
             torch.set_num_threads(c["threads"])
         tm, tasks = task_names(c, TaskManager(include_path=c["include_path"] or None))
-        if c["backend"] == "vllm":
-            lm = VllmLM(c["ckpt"], n_loop=c["n_loop"], dtype=c["dtype"], kv_share=c["kv_share"])
-        else:
-            lm = DiscoLoopLM(c["ckpt"], n_loop=c["n_loop"], batch_size=c["batch_size"], device=c["device"],
-                             dtype=c["dtype"], **{k: c[k] for k in (*EXIT_KEYS, *SPEC_KEYS, *KV_KEYS)})
+        lm = make_lm(c)
         try:  # the task data: from the hub's cache, or local files (--include_path)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", DeprecationWarning)

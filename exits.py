@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from discoloop import plots
 from discoloop.common import (ERRORS, SYSTEM_CHECKS, CheckpointError, ConfigError, DataError, atomic_write, autocast,
                               check_writable, die, setup, table)
-from discoloop.ownership import FIGURE_METADATA, marked, owned, target
+from discoloop.ownership import marked, owned, target
 from configurator import INT_GE0, INT_GE1, OUTPUT, configure, num, one_of
 from discoloop.from_checkpoint import (GATE_FEATURES, ExitGate, beside_checkpoint, exit_option, gate_path, lead_pads,
                                        load, weights_crc)
@@ -196,7 +196,7 @@ def plot_exit(out, hops, png, what, metric="acc"):
         ax.legend(fontsize=6)
     fig.suptitle(f"adaptive depth ({what}) vs fixed loop counts", fontsize=9)
     fig.tight_layout()
-    fig.savefig(png, dpi=120, metadata=FIGURE_METADATA)
+    plots.save_figure(fig, png, 120)
     print(f"wrote {png}")
 
 

@@ -171,12 +171,7 @@ class GPTConfig:
         for name in ("dropout", "label_smoothing"):
             if not 0 <= getattr(self, name) < 1:
                 bad(name, f"0 <= {name} < 1")
-        if self.kv_share == "first" and self.activation_checkpointing != "none":
-            bad("kv_share", "'' or 'latest' with activation_checkpointing (a recomputed loop 1 would rewrite the keys "
-                            "and values loops 2..K read); 'first' with activation_checkpointing='none'")
-        if self.kv_share and (RECURRENCES[self.recurrence].copies or RECURRENCES[self.recurrence].embed):
-            bad("kv_share", "'' for recurrence 'none' (untied copies) and 'ponder' (every pass the whole model); "
-                            "'first' or 'latest' share a looped block's keys and values across loops")
+        self.check_kv_share(bad)
         if not 0 <= self.loop_loss < 1 or self.loop_loss and self.n_coda:
             bad("loop_loss", "0 <= loop_loss < 1 and 0 with n_coda > 0 (no early state passes the coda)")
         chunks = "0 (no chunking) or a positive number of positions"
@@ -184,6 +179,14 @@ class GPTConfig:
         for name, allowed in sizes:
             if getattr(self, name) < 0:
                 bad(name, allowed)
+
+    def check_kv_share(self, bad):
+        if self.kv_share == "first" and self.activation_checkpointing != "none":
+            bad("kv_share", "'' or 'latest' with activation_checkpointing (a recomputed loop 1 would rewrite the keys "
+                            "and values loops 2..K read); 'first' with activation_checkpointing='none'")
+        if self.kv_share and (RECURRENCES[self.recurrence].copies or RECURRENCES[self.recurrence].embed):
+            bad("kv_share", "'' for recurrence 'none' (untied copies) and 'ponder' (every pass the whole model); "
+                            "'first' or 'latest' share a looped block's keys and values across loops")
 
     @classmethod
     def defaults(cls):

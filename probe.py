@@ -24,7 +24,7 @@ from discoloop.from_checkpoint import beside_checkpoint, lead_pads, load
 from discoloop import plots
 from discoloop.common import (ERRORS, SYSTEM_CHECKS, CheckpointError, ConfigError, DataError, atomic_write, autocast,
                               die, setup, table)
-from discoloop.ownership import FIGURE_METADATA, marked, target
+from discoloop.ownership import marked, target
 from configurator import INT_GE1, OUTPUT, configure, num, one_of
 from discoloop.precision import resolve_dtype
 from discoloop.curriculum import STOP_METRIC_CHECK
@@ -192,7 +192,7 @@ def cmd_sweep(model, data, norm, alphas, png=None):
                title=f"Eq. (2) at position 1, Norm={norm}")
         ax.legend()
         fig.tight_layout()
-        fig.savefig(png, dpi=120, metadata=FIGURE_METADATA)
+        plots.save_figure(fig, png, 120)
         print(f"wrote {png}")
     return {"norm": norm, "results": {f"{a:.2f}": r for a, r in res.items()}}
 

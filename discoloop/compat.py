@@ -7,8 +7,6 @@ in this file.
 
 import sys
 
-from discoloop.common import content_crc
-
 # keys renamed since: Phi's settings drive PonderLM as well as DiscoLoop, so they are not called disco_*
 RENAMED = {"disco_tau": "phi_tau", "disco_topk": "phi_topk", "disco_chunk": "phi_chunk"}
 
@@ -76,19 +74,16 @@ OLD_GATE_FILE = "exit_gate.pt"
 # (ownership.OWNERS): only a proof counts, never a shape (a user's file may share any shape). A checkpoint proves itself
 # by the CRC-32 of its whole content written inside it (common.content_crc: no file matches it by accident); the plan
 # cache by the mark of its own it carried then. Anything else unmarked is left as it is: ownership.target writes beside.
-def _old_checkpoint(o):
-    return type(o.get("crc32")) is int and "model_args" in o and \
-        content_crc({k: v for k, v in o.items() if k != "crc32"}) == o["crc32"]
-
-
+# Each test is f(obj, checksum): checksum is common.content_crc, handed in (this file imports nothing of ours).
 OLD_WRITERS = {
-    "checkpoint": _old_checkpoint,
-    "plan cache": lambda o: o.get("discoloop_plan_cache") == 1,  # that commit's own mark
+    "checkpoint": lambda o, crc: type(o.get("crc32")) is int and "model_args" in o and
+    crc({k: v for k, v in o.items() if k != "crc32"}) == o["crc32"],
+    "plan cache": lambda o, crc: o.get("discoloop_plan_cache") == 1,  # that commit's own mark
 }
 
 
-def old_writer(writer, obj):
-    """Whether obj (a loaded JSON object, first row or torch dict; a figure's first bytes) is `writer`'s file of an
-    earlier commit."""
+def old_writer(writer, obj, checksum):
+    """Whether obj (a loaded JSON object, first row or torch dict) is `writer`'s file of an earlier commit, proven
+    (checksum: common.content_crc)."""
     test = OLD_WRITERS.get(writer)
-    return bool(test) and test(obj)
+    return bool(test) and test(obj, checksum)

@@ -13,7 +13,7 @@ import sys
 import torch
 
 from discoloop import compat
-from discoloop.common import ConfigError, not_regular
+from discoloop.common import ConfigError, content_crc, not_regular
 
 # Ownership by a mark, not a name: every file the project may later replace, extend or delete carries MARK (a JSON
 # object's key, the first row's key of a JSON-lines file, a figure's Creator metadata, a checkpoint's key) whose value
@@ -43,7 +43,7 @@ def _mark_of(obj, writer, container):
     if not isinstance(obj, dict):
         return f"a {container} holding a {type(obj).__name__}"
     mark = obj.get(MARK)
-    if mark is None and compat.old_writer(writer, obj):
+    if mark is None and compat.old_writer(writer, obj, content_crc):
         return "old"
     if not isinstance(mark, str):
         return (f"a {container} object with keys {_keys(obj)} and no mark" if mark is None else

@@ -17,6 +17,13 @@ from discoloop.ownership import FIGURE_METADATA
 from model import RECURRENCES
 from discoloop.runlog import early_stop_row, read_metrics
 
+
+def save_figure(fig, png, dpi):
+    """Every figure the project draws: with the mark (ownership.owned), its folder made now (an output's folder is
+    proven writable before the work, common.check_writable, and made only when written)."""
+    os.makedirs(os.path.dirname(os.path.abspath(png)), exist_ok=True)
+    fig.savefig(png, dpi=dpi, metadata=FIGURE_METADATA)
+
 FIGURE_EXTENSIONS = (".png", ".pdf", ".svg")  # what --png may end with: formats matplotlib writes from the suffix
 
 
@@ -104,7 +111,7 @@ def plot_qa(logs, png, plt, stop_metric, stop_patience, hops):
     ax1.legend(fontsize=7)
     ax2.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(png, dpi=110, metadata=FIGURE_METADATA)
+    save_figure(fig, png, 110)
     print_qa_tables(out, sfx, hops, stop_metric, stop_patience)
     print(f"wrote {png}")
     return out
@@ -177,7 +184,7 @@ def plot_pretraining(logs, png, plt):
     for ax in (ax1, ax2):
         ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(png, dpi=110, metadata=FIGURE_METADATA)
+    save_figure(fig, png, 110)
     print(table(["run", "iterations", "tokens", "minutes", "last val_loss", "best val_loss"],
                 [[k, v["iter"], f"{v['tokens']:,}", v["minutes"], v["val_loss"], v["best_val_loss"]]
                  for k, v in out.items()]))

@@ -27,8 +27,9 @@ FR = ".ci/first_reached.py"
 def test_plan_cache_never_rewrites_a_users_file(tmp_path, content):
     f = tmp_path / "mine.json"
     f.write_text(content)
-    one_line(run(STEP + ["--steps=0", f"--plan_cache={f}"]), "left untouched")
-    assert f.read_text() == content
+    r = run(STEP + ["--steps=0", f"--plan_cache={f}"])  # left as it is; the cache goes beside it (ownership.target)
+    assert r.returncode == 0 and "goes beside it" in r.stderr, r.stderr[-1500:]
+    assert f.read_text() == content and json.loads((tmp_path / "mine.1.json").read_text())
 
 
 def test_plan_cache_special_files(tmp_path):
@@ -58,8 +59,9 @@ def test_a_damaged_plan_entry_is_made_again(tmp_path, value):
 def test_json_rows_go_only_to_their_own_file(tmp_path):
     notes = tmp_path / "notes.md"
     notes.write_text("my notes\n")  # rows were appended after the user's lines
-    one_line(run(STEP + ["--steps=1", f"--json={notes}"]), "holds a first line that is not JSON")
-    assert notes.read_text() == "my notes\n"
+    r = run(STEP + ["--steps=1", f"--json={notes}"])
+    assert r.returncode == 0 and "holds a first line that is not JSON" in r.stderr, r.stderr[-1500:]
+    assert notes.read_text() == "my notes\n" and (tmp_path / "notes.1.md").read_text().count("\n") >= 2
     rows = tmp_path / "s.jsonl"  # --steps=0 with --json wrote nothing; now the plans are its rows
     assert run(STEP + ["--variants=loop,disco", "--steps=0", f"--json={rows}"]).returncode == 0
     assert run(STEP + ["--variants=loop", "--steps=1", f"--json={rows}"]).returncode == 0  # its own file: appended

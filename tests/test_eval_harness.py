@@ -152,7 +152,7 @@ doc_to_target: "{{{{target}}}}"
     r = run(["eval_harness.py", f"--ckpt={ckpt}", "--tasks=empty_task", f"--include_path={tmp_path}",
              f"--json={tmp_path / 'new' / 'r.json'}"], env=env)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "empty" in r.stderr, r.stderr[-2000:]
-    assert (tmp_path / "new").is_dir()  # the output folder was made (and checked) before the evaluation
+    assert not (tmp_path / "new").exists()  # checked before the evaluation; a refusal leaves no folder behind
 
 
 def test_generate_until_with_the_cache_is_the_old_greedy(lm):

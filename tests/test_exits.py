@@ -76,15 +76,19 @@ def test_probe_exit_says_where_it_went(qa_ckpts):
 
 def test_a_users_file_and_every_threshold_are_kept(qa_ckpts, tmp_path):
     """--json onto a user's text file replaced it (lost work); repeated thresholds that print alike lost rows in the
-    JSON (silent). Both are one line, and the file is untouched; thresholds that differ are kept apart."""
+    JSON (silent). A user's file is left as it is (the output goes beside it, issue 72), repeats are one line;
+    thresholds that differ are kept apart."""
     mine, theirs, fig = tmp_path / "user.txt", tmp_path / "user.json", tmp_path / "fig.png"
     mine.write_text("hi\n")
     theirs.write_text('{"mine": 1}')
     fig.write_text("not a figure")
     for args, needle in (([f"--json={mine}"], "holds text that is not JSON"),
-                         ([f"--json={theirs}"], "holds a JSON object with keys ['mine'] and no mark"),
-                         ([f"--png={fig}"], "without the figure mark"),
-                         (["--exit_thresholds=0.5,0.5,0.50000000000001"], "repeats a threshold"),
+                         ([f"--json={theirs}"], "holds a JSON object with keys ['mine']"),
+                         ([f"--png={fig}", f"--json={tmp_path / 'r.json'}"], "without the figure mark")):
+        r = run(["exits.py", f"--ckpt={qa_ckpts['disco']}", "--exit_thresholds=0.9", "--splits=test_id", *args])
+        assert r.returncode == 0 and needle in r.stderr and "goes beside it" in r.stderr, r.stderr[-1500:]
+    assert (tmp_path / "user.1.txt").exists() and (tmp_path / "user.1.json").exists() and (tmp_path / "fig.1.png").exists()
+    for args, needle in ((["--exit_thresholds=0.5,0.5,0.50000000000001"], "repeats a threshold"),
                          (["--exit_thresholds=0,-0"], "repeats a threshold"),
                          (["--splits=test_id,test_id"], "repeats a split"),
                          (["--windows=3"], "applies to a pretraining run's validation shards")):

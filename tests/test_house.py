@@ -138,8 +138,11 @@ def test_no_function_over_sixty_lines():
 # Then, merged with round 7 and the loop arms (issue 68, 67): model.py 751 -> 766 (COMPUTE_KEYS beside the keys it
 # names, loop_loss_weights and its one check, loop_loss's n_loop > 1), train.py 430 -> 440 (loop_sample's step_loops,
 # cuda_graph's note off CUDA), bench.py 553 -> 565 (step's refusals in step_checks, before any work)
-LINE_BUDGETS = {"model.py": 766,
-                "train.py": 440, "README.md": 200, "kernels.py": 200, "bench.py": 565}
+# Issues 72-74: model.py 766 -> 840 (kv_share: SharedSlot, SharedView, their cache and check, hidden_stepwise, +62;
+# a cache that attends itself, vLLM's paged memory, and positions per token, +8; sampling_probs' tiny temperature),
+# bench.py 565 -> 585 (bench.py sample refuses typed training keys), README.md 200 -> 210 (the serving extra's section)
+LINE_BUDGETS = {"model.py": 840,
+                "train.py": 440, "README.md": 210, "kernels.py": 200, "bench.py": 585}
 # Lines of project code a training run loads, counted as it runs (`python train.py config/symbolic.py`: the dataset
 # dispatch imports data/symbolic/prepare.py, which imports prepare_tools.py, by name at run time): raising it is a decision.
 # Issue 63 measured 4,488 at 082ca7f; since then a run from scratch or a resume loads no Hugging Face converter
@@ -155,7 +158,10 @@ LINE_BUDGETS = {"model.py": 766,
 # ckpt_<iter>.pt it holds (load_checkpoint), the files a gate or a probe may be pointed at
 # 4749 -> 4584 (issue 66, this turn): each dataset kind's reader is loaded by the runs that read that kind (dataset.py: a
 # question-answer run loads no shards.py, -191), and meta.json and split files are read once (common.read_unchanged, +26)
-TRAIN_CLOSURE_BUDGET = 4584
+# 4584 -> 4735 (issues 72-74): model.py's kv_share and engine cache (+73), every weight's shape checked before a resume
+# builds (checkpoint.sizes_match, +35), ownership.target (a file not ours is never written: output beside it, +30),
+# check_writable leaving no folder behind (+9), kv_share='latest' refused for training and meta.json's kind (+7)
+TRAIN_CLOSURE_BUDGET = 4735
 # python sample.py: the model, the opened checkpoint, its tokenizer, no dataset reader. 14 -> 16: common.py's ownership
 # part is ownership.py and meta.json's reader data_meta.py (the six floors: common.py imports nothing of ours), the
 # same lines in two more files
