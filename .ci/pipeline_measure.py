@@ -3,7 +3,10 @@ plain cached greedy, draft-then-verify, pipelined (q = 1, 2; with and without a 
 GPT.loop_step call over n lanes (speculative.Lanes, n = 1..K) against plain's call over one token (a KVCache), and the
 arithmetic model's speed-up beside the measured one.
 
-    python .ci/pipeline_measure.py RUN [RUN ...] [--new_tokens=200] [--threads=1] [--reps=3]
+    python .ci/pipeline_measure.py RUN [RUN ...] [--new_tokens=200] [--threads=1] [--reps=3] [--plain_loops=N]
+
+--plain_loops=N also times plain cached decoding at N < K loops (the fewest of equal quality, chosen from the run's
+per-loop validation loss: .ci/arms_measure.py), interleaved with the rest, and states every decoder against it.
 
 Each decoder runs reps times, interleaved with the others, and keeps its fastest (a shared machine's load moves).
 
@@ -32,8 +35,11 @@ from discoloop.from_checkpoint import model_from_checkpoint  # noqa: E402
 from discoloop import speculative  # noqa: E402
 from discoloop.speculative import Lane, Lanes, Pipeline, Speculative, rows_at  # noqa: E402
 
-args, opts = runs_and_options(__doc__, __file__, {"new_tokens": 200, "threads": 1, "reps": 3})
+args, opts = runs_and_options(__doc__, __file__, {"new_tokens": 200, "threads": 1, "reps": 3, "plain_loops": ""})
 N, threads, reps = opts["new_tokens"], opts["threads"], opts["reps"]
+if not (opts["plain_loops"] == "" or opts["plain_loops"].isdecimal() and int(opts["plain_loops"]) >= 1):
+    refuse(__file__, f"--plain_loops={opts['plain_loops']!r} is invalid: allowed a whole number >= 1 below each run's K")
+FEW = int(opts["plain_loops"] or 0)
 torch.set_num_threads(threads)
 
 
@@ -103,6 +109,8 @@ def opened(run):
     if model.rec.copies or cfg.n_loop < 2:
         refuse(__file__, f"{run!r} has recurrence={cfg.recurrence!r}, n_loop={cfg.n_loop}: pipelining needs a loop of "
                          "shared blocks run at least twice (recurrence 'loop', 'disco' or 'ponder', n_loop >= 2)")
+    if FEW and not FEW < cfg.n_loop:
+        refuse(__file__, f"--plain_loops={FEW} is invalid for {run!r} (K={cfg.n_loop}): allowed 1..{cfg.n_loop - 1}")
     if PROMPT + N > cfg.block_size:
         room = cfg.block_size - PROMPT
         refuse(__file__, f"--new_tokens={N} after the {PROMPT}-token prompt needs block_size >= {PROMPT + N}, and "
@@ -122,14 +130,19 @@ for run, model in models:
         "= plain greedy", "call in decoder / A(n) alone (ms)", "between calls j (ms)", "predicted", "pred/meas")
     row(*["---"] * 12)
     model.generate(x, 4, temperature=0)
-    decoders = [None, Speculative(1, 2), Speculative(3, 4), Pipeline(1), Pipeline(2)]
+    decoders = [None, Speculative(1, 2), Speculative(3, 4), Pipeline(1), Pipeline(2)] + (["fewer"] if FEW else [])
     decoders += [Pipeline(1, q2) for q2 in range(2, K)] + [Pipeline(2, q2) for q2 in range(3, K)]
-    decoders = [d for d in decoders if d is None or (d.propose if isinstance(d, Pipeline) else d.draft_loops) < K]
+    decoders = [d for d in decoders if d in (None, "fewer") or (d.propose if isinstance(d, Pipeline) else d.draft_loops) < K]
     if model.config.kv_share:  # draft-then-verify keeps a cache per (loop, layer): speculative.spec_option
         decoders = [d for d in decoders if not isinstance(d, Speculative)]
     best, got, costs, kept = [float("inf")] * len(decoders), [None] * len(decoders), [], list(decoders)
     for rep in range(reps):  # interleaved, the fastest of each: the load of a shared machine moves during a run
         for i, dec in enumerate(decoders):
+            if dec == "fewer":  # plain cached decoding at FEW loops (its own tokens: a shallower model's)
+                t = time.perf_counter()
+                got[i] = model.generate(x, N, temperature=0, n_loop=FEW)
+                best[i] = min(best[i], time.perf_counter() - t)
+                continue
             if dec is not None:  # counters of the last repetition only (greedy: every repetition is the same)
                 decoders[i] = dec = type(dec)(*([dec.draft_loops, dec.draft_len] if isinstance(dec, Speculative)
                                                 else [dec.propose, dec.recheck]))
@@ -142,10 +155,16 @@ for run, model in models:
         costs.append(call_costs(model, 16 + N // 2))
     c1, cn, t1, an, e = [[min(c[j][n] for c in costs) for n in range(K)] if j in (1, 3) else min(c[j] for c in costs)
                          for j in range(5)]
+    fewer = best[decoders.index("fewer")] if FEW else None
     plain, want = best[0], got[0]
     row("plain cached", round(plain, 3), round(N / plain, 1), "1.00", f"{1 / K:.2f}", "-", 1, "100%", "-", "-", "-",
         "-")
+    if FEW:
+        row(f"plain cached, {FEW} loops", round(fewer, 3), round(N / fewer, 1), f"{plain / fewer:.2f}", "-", "-", 1,
+            "-", "-", "-", "-", "-")
     for dec, sec, out in zip(kept[1:], best[1:], got[1:]):
+        if dec == "fewer":
+            continue
         same = f"{(out == want).float().mean():.0%}"
         if isinstance(dec, Speculative):
             row(dec.name(), round(sec, 3), round(N / sec, 1), f"{plain / sec:.2f}", "-", dec.cells()[0], "-", same,
@@ -164,6 +183,9 @@ for run, model in models:
             f"{a:.1%}" + (f" (at {dec.recheck}: {b:.1%})" if dec.recheck else ""), f"{n:.2f}", same,
             f"{dec.call_seconds / dec.calls * 1e3:.3f} / {cost * 1e3:.3f}", f"{j * 1e3:.3f}", f"{pred:.2f}",
             f"{pred / (plain / sec):.2f}")
+    if FEW:  # the rule: a speed-up is stated against plain decoding at the fewest loops of equal quality
+        print(f"against plain cached at {FEW} loops ({N / fewer:.1f} tokens/s): " + ", ".join(
+            f"{d.name()} {fewer / s:.2f}x" for d, s in zip(kept[1:], best[1:]) if isinstance(d, Pipeline)), flush=True)
     print(f"one loop_step call at {16 + N // 2} positions cached: plain (one token, KVCache) {c1 * 1e3:.3f} ms; "
           + ", ".join(f"{n + 1} lanes {c * 1e3:.3f} ms ({c / c1:.2f}x)" for n, c in enumerate(cn))
           + f"; a plain token {t1 * 1e3:.3f} ms; a pipelined call (advance) over 1..{K} lanes "
