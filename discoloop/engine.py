@@ -64,6 +64,9 @@ def check_export(folder, n_loop=None, device="cpu", kv_share=None):
     the config's. Reads only: no export folder is written to. Returns (the GPTConfig it runs, the loop count);
     kv_share (not None): another of model.KV_SHARES than the export's, as hf_overrides gives it."""
     path = os.path.join(folder, "config.json")
+    if os.path.isfile(os.path.join(folder, "ckpt.pt")) or folder.endswith(".pt"):
+        raise ConfigError(f"'{folder}' is a training run or checkpoint, not an export: the engine runs an export_hf.py "
+                          f"folder (python export_hf.py --ckpt={folder} --out_dir=EXPORT_DIR)")
     try:
         with open(path) as f:
             raw = json.load(f)

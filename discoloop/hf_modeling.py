@@ -66,10 +66,11 @@ class DiscoLoopCache:
         return len(self.layers[0][0])
 
     def _each(self, fn):
-        for loop in self.layers:
-            for c in loop:
-                if c.k is not None:
-                    c.k, c.v = fn(c.k), fn(c.v)
+        for c in {id(s): s for s in (getattr(c, "slot", c) for loop in self.layers for c in loop)}.values():
+            if c.k is not None:  # kv_share: every loop's view of one slot per layer, each slot once
+                c.k, c.v = fn(c.k), fn(c.v)
+                if hasattr(c, "base"):
+                    c.base = min(c.base, c.k.size(2))
 
     def reorder_cache(self, beam_idx):
         self._each(lambda t: t.index_select(0, beam_idx.to(t.device)))

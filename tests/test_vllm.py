@@ -204,3 +204,10 @@ def test_vllm_serve_answers_a_client_with_sample_pys_greedy_text(served_export):
         except subprocess.TimeoutExpired:
             server.kill()
             server.wait(10)
+
+
+def test_a_run_folder_is_not_an_export(tmp_path):
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "ckpt.pt").write_bytes(b"")
+    with pytest.raises(ConfigError, match="is a training run or checkpoint, not an export.*export_hf.py"):
+        engine.check_export(str(tmp_path / "run"))
