@@ -36,7 +36,7 @@ from discoloop.ownership import marked, owned, target
 from configurator import INT_GE0, INT_GE1, OUTPUT, configure, num, one_of
 from discoloop.from_checkpoint import (GATE_FEATURES, ExitGate, beside_checkpoint, exit_option, gate_path, lead_pads,
                                        load, weights_crc)
-from model import Exit
+from model import EXIT_RULES, Exit
 from discoloop.precision import resolve_dtype
 from discoloop.shards import TokenShards
 from discoloop.qa_data import accuracy
@@ -435,7 +435,7 @@ CHECKS = {**SYSTEM_CHECKS, "json": OUTPUT, "n_loop": INT_GE0,
           "png": (lambda v: plots.figure_path(v) and OUTPUT[0](v),
                   f"a writable figure path ending in {', '.join(plots.FIGURE_EXTENSIONS)}"),
           "exit_thresholds": (finite_numbers, "comma-separated finite numbers (e.g. '0.5,0.9')"),
-          "exit_rule": one_of("prob", "kl", "gate"), "exit_min_loops": INT_GE1, "windows": INT_GE0,
+          "exit_rule": one_of(*EXIT_RULES), "exit_min_loops": INT_GE1, "windows": INT_GE0,
           "gate_label": one_of("agree", "improve"), "gate_features": one_of(*GATE_FEATURES), "gate_bound": num(0, 1),
           "gate_tokens": INT_GE1, "gate_iters": INT_GE1,
           "calib_windows": INT_GE0, "seed": INT_GE0}

@@ -807,6 +807,9 @@ def sampling_probs(logits, temperature, top_k=None):
     return logits.softmax(-1)
 
 
+EXIT_RULES = ("prob", "kl", "gate")  # Exit's rules, named once: the scripts' keys (exit_rule) read this
+
+
 @dataclass
 class Exit:
     """Adaptive depth, at inference only: after loop k < n_loop a token stops once what it decodes (GPT.decode: p,
@@ -822,7 +825,7 @@ class Exit:
     def __post_init__(self):
         self.loops = []
         hi = math.inf if self.rule == "kl" else 1
-        rules = ("prob", "kl", "gate") if callable(self.score) else ("prob", "kl")  # 'gate' needs its score
+        rules = EXIT_RULES if callable(self.score) else EXIT_RULES[:2]  # 'gate' needs its score
         if self.rule not in rules or not 0 <= self.threshold <= hi or self.min_loops < 1:
             raise ValueError(f"exit rule={self.rule!r}, threshold={self.threshold!r}, min_loops={self.min_loops!r} "
                              f"is invalid: allowed rule 'prob', 'kl' or 'gate' (with a score), threshold 0..{hi}, "

@@ -19,7 +19,7 @@ from discoloop.compat import OLD_GATE_FILE
 from configurator import INT_GE1
 from discoloop.folder_owner import owner
 from discoloop.data_meta import kind_of, read_meta
-from model import COMPUTE_KEYS, GPT, Exit, GPTConfig
+from model import COMPUTE_KEYS, EXIT_RULES, GPT, Exit, GPTConfig
 from discoloop.tokenizer import HFEncoding, WordVocab, from_record, get_encoding
 
 
@@ -189,7 +189,7 @@ EXIT_KEYS = dict(
     exit_min_loops=1,      # no token exits before this many loops
 )
 # their checks, one each (the threshold's range depends on the rule: model.Exit checks it)
-EXIT_CHECKS = {"exit_rule": (lambda v: v in ("", "prob", "kl", "gate"), "'' (off), 'prob', 'kl' or 'gate'"),
+EXIT_CHECKS = {"exit_rule": (lambda v: v in ("", *EXIT_RULES), f"'' (off) or one of {EXIT_RULES}"),
                "exit_min_loops": INT_GE1}
 
 

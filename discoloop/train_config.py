@@ -9,7 +9,7 @@ import torch
 from discoloop.common import SYSTEM_CHECKS, ConfigError
 from configurator import FOLDER, INT_GE0, INT_GE1, OUTPUT, check_inert, num, one_of
 from discoloop import curriculum
-from model import GPTConfig
+from model import RECURRENCES, GPTConfig
 
 _imported = set(globals())  # every name above is not a key
 # -----------------------------------------------------------------------------
@@ -91,8 +91,9 @@ ACTIVE = {"compile_": (lambda c: c["compile"], "compile=True"),
                          "a question-answer split is evaluated whole)"),
           "memory_check": (on_cuda,
                            "a CUDA device (the plan is checked against GPU memory), not device={device!r} here"),
-          "loop_sample": (lambda c: c["recurrence"] != "none" and c["n_loop"] > 1 and not c["loops_by_hops"],
-                          "recurrence != 'none' (now {recurrence!r}), n_loop > 1 (now {n_loop}), loops_by_hops=False"),
+          "loop_sample": (lambda c: not RECURRENCES[c["recurrence"]].copies and c["n_loop"] > 1 and not c["loops_by_hops"],
+                          "a looped recurrence, not K untied copies (now {recurrence!r}), n_loop > 1 (now {n_loop}), "
+                          "loops_by_hops=False"),
           "overwrite": (lambda c: c["init_from"] != "resume" and not c["eval_only"],
                         "a new run (not init_from='resume' or eval_only=True)")}
 
