@@ -313,6 +313,12 @@ class SharedView:
         mask = torch.ones(T, t0 + T, dtype=torch.bool, device=k.device).tril(diagonal=t0) if t0 and T > 1 else None
         return self.slot.k, self.slot.v, mask
 
+    def crop(self, n):
+        """Keep the first n positions (as KVCache.crop)."""
+        if self.slot.k is not None:
+            self.slot.k, self.slot.v = self.slot.k[:, :, :n], self.slot.v[:, :, :n]
+        self.slot.base = min(self.slot.base, n)
+
 
 def rope_at(rope, t0, T):
     """RoPE's (cos, sin) of positions t0..t0+T-1, or of each row's own (t0 a (B, T) tensor of positions)."""
