@@ -103,6 +103,13 @@ def check_export(folder, n_loop=None, device="cpu", kv_share=None):
         raise ConfigError(f"{path}: n_embd / n_head = {cfg.n_embd} / {cfg.n_head} = head size {hs}: vLLM's CPU "
                           f"attention runs head sizes {list(CPU_HEAD_SIZES)}; run this export with sample.py or "
                           "transformers")
+    check_weights(folder, path, cfg)
+    return cfg, K
+
+
+def check_weights(folder, path, cfg):
+    """model.safetensors' names and shapes (its header only) against the model cfg builds: one line for the first
+    that differs."""
     weights = os.path.join(folder, "model.safetensors")
     if not os.path.isfile(weights):
         raise ConfigError(f"'{folder}' has no model.safetensors: export it again with export_hf.py")
@@ -118,7 +125,6 @@ def check_export(folder, n_loop=None, device="cpu", kv_share=None):
     lacking = sorted(set(want) - set(have) - ({"gpt.lm_head.weight"} if cfg.tie_embeddings else set()))
     if lacking:
         raise ConfigError(f"{path} does not fit its weights: model.safetensors lacks {lacking[0]}")
-    return cfg, K
 
 
 def GPT_SHAPES(cfg):

@@ -6,7 +6,7 @@ brings is the key/value memory. Each (loop, layer) slot model.py's generation ke
 `Attention` here, and model.py's attention hands its queries, keys and values to that slot (`EngineSlot.attend`), as
 it hands them to a KVCache; positions are each token's own, as vLLM flattens a batch into one row of tokens.
 
-Registered by the `vllm.general_plugins` entry point (pyproject.toml -> register()), so `vllm serve EXPORT_DIR` and
+Registered by the `vllm.general_plugins` entry point (serve/pyproject.toml -> register()), so `vllm serve EXPORT_DIR` and
 `LLM(model=EXPORT_DIR)` find it in every process vLLM starts; `pip install -r requirements-serve.txt` installs it.
 `--hf-overrides '{"n_loop": 6}'` runs another loop count, as from_pretrained(DIR, n_loop=6) does. Imports vLLM:
 nothing else in the repo imports this file.

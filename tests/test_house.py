@@ -140,8 +140,9 @@ def test_no_function_over_sixty_lines():
 # cuda_graph's note off CUDA), bench.py 553 -> 565 (step's refusals in step_checks, before any work)
 # Issues 72-74: model.py 766 -> 840 (kv_share: SharedSlot, SharedView, their cache and check, hidden_stepwise, +62;
 # a cache that attends itself, vLLM's paged memory, and positions per token, +8; sampling_probs' tiny temperature),
-# bench.py 565 -> 585 (bench.py sample refuses typed training keys), README.md 200 -> 210 (the serving extra's section)
-LINE_BUDGETS = {"model.py": 840,
+# bench.py 565 -> 585 (bench.py sample refuses typed training keys), README.md 200 -> 210 (the serving extra's section);
+# model.py 840 -> 850: SharedView.crop (the measurement tools crop caches) and EXIT_RULES, the exit rules named once
+LINE_BUDGETS = {"model.py": 850,
                 "train.py": 440, "README.md": 210, "kernels.py": 200, "bench.py": 585}
 # Lines of project code a training run loads, counted as it runs (`python train.py config/symbolic.py`: the dataset
 # dispatch imports data/symbolic/prepare.py, which imports prepare_tools.py, by name at run time): raising it is a decision.
@@ -161,7 +162,8 @@ LINE_BUDGETS = {"model.py": 840,
 # 4584 -> 4735 (issues 72-74): model.py's kv_share and engine cache (+73), every weight's shape checked before a resume
 # builds (checkpoint.sizes_match, +35), ownership.target (a file not ours is never written: output beside it, +30),
 # check_writable leaving no folder behind (+9), kv_share='latest' refused for training and meta.json's kind (+7)
-TRAIN_CLOSURE_BUDGET = 4735
+# 4735 -> 4745: the same two (SharedView.crop, EXIT_RULES) and RECURRENCES read by train_config.py
+TRAIN_CLOSURE_BUDGET = 4745
 # python sample.py: the model, the opened checkpoint, its tokenizer, no dataset reader. 14 -> 16: common.py's ownership
 # part is ownership.py and meta.json's reader data_meta.py (the six floors: common.py imports nothing of ours), the
 # same lines in two more files
