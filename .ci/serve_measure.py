@@ -2,11 +2,12 @@
 appended to --json the moment it is measured (a run cut short keeps what it finished).
 
     python .ci/serve_measure.py RUN [RUN ...] [--prompts=20] [--new=64] [--concurrent=32] [--threads=2] [--json=FILE]
-        [--graphs=off|on|both] [--device=cpu|cuda] [--config_args="--n_layer=2 ..."]
+        [--graphs=off|on|both] [--device=cpu|cuda] [--config_args="--n_layer=2 ..."] [--memory=0.1]
 
 RUN is a run folder or checkpoint, or a training config file (config/pretrain.py): that model with random weights
 (speed and memory are the weights' size, not their values; prompts are random tokens), --config_args its overrides.
---graphs: vLLM with CUDA graphs off (eager), on, or both (a GPU's; the CPU runs 'off').
+--graphs: vLLM with CUDA graphs off (eager), on, or both (a GPU's; the CPU runs 'off'). --memory: the share of the
+device's memory (a CPU's: host memory) vLLM may take for the weights and its key/value pages (135M: 0.2).
 
 Per run: the export (export_hf.py, into a temporary folder); the engine's start (its own row); exactness: --prompts
 prompts x --new greedy tokens from vLLM against GPT.generate (what sample.py --temperature=0 runs), with every
@@ -108,7 +109,8 @@ def engine_rows(name, model, folder, ps, opts, log, eager, batch, n):
     from discoloop.vllm_model import slots
     cfg, V = model.config, model.config.vocab_size
     llm, took = timed(lambda: engine.start(folder, skip_tokenizer_init=True, max_logprobs=min(V, 300),
-                                           max_num_seqs=max(opts["concurrent"], 1), enforce_eager=eager))
+                                           max_num_seqs=max(opts["concurrent"], 1), enforce_eager=eager,
+                                           kv_memory=float(opts["memory"])))
     log.add(f"{name} start", [name, "engine start s", f"{took:.1f}", f"vLLM in this process, float32, "
                               f"{'eager' if eager else 'CUDA graphs'}"], {"engine_start_s": took})
     new = min(opts["new"], cfg.block_size - max(map(len, ps)))
@@ -158,10 +160,13 @@ def model_rows(name, model, batch, n, log):
 
 def main():
     runs, opts = runs_and_options(__doc__, __file__, {"prompts": 20, "new": 64, "concurrent": 32, "threads": 2,
-                                                      "json": "", "graphs": "off", "device": "cpu", "config_args": ""})
+                                                      "json": "", "graphs": "off", "device": "cpu", "config_args": "",
+                                                      "memory": "0.1"})
     if opts["graphs"] not in ("off", "on", "both") or opts["device"] not in ("cpu", "cuda"):
         refuse(__file__, f"--graphs={opts['graphs']!r} / --device={opts['device']!r} is invalid: allowed off, on, both "
                          "/ cpu, cuda")
+    if not opts["memory"].replace(".", "", 1).isdecimal() or not 0 < float(opts["memory"]) <= 1:
+        refuse(__file__, f"--memory={opts['memory']!r} is invalid: allowed a share in (0, 1]")
     if opts["graphs"] != "off" and opts["device"] != "cuda":
         refuse(__file__, f"--graphs={opts['graphs']!r} needs --device=cuda (CUDA graphs): allowed 'off' on the CPU")
     from discoloop.bench_log import RowLog
