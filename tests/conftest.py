@@ -195,3 +195,14 @@ def old_tree(tmp_path_factory, commit):
 def ok(r):
     assert r.returncode == 0, r.stderr[-3000:]
     return r
+
+
+def byte_run(d, *model):
+    """Byte-level shards of synthetic text (data/pretrain/prepare.py) in d/shards and a tiny pretraining run on them in
+    d/run (config/pretrain_tiny.py with `model`: sizes and iterations); returns d."""
+    ok(run(["data/pretrain/prepare.py", f"--out_dir={d / 'shards'}", "--encoding=bytes", "--num_proc=1",
+            "--data_files=synthetic:web", "--weights=1", "--max_tokens=20000", "--val_tokens=2000"]))
+    ok(run(["train.py", "config/pretrain_tiny.py", "--data_args={}", f"--data_dir={d / 'shards'}", f"--out_dir={d / 'run'}",
+            "--gradient_accumulation_steps=1", "--eval_iters=1", "--warmup_iters=1", "--phi_topk=0", "--phi_chunk=0",
+            "--threads=1", "--batch_size=4", *model]))
+    return d

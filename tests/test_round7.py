@@ -10,7 +10,7 @@ import tarfile
 import pytest
 import torch
 
-from conftest import REPO, TINY_DATA, TINY_DATA_ARGS, TINY_MODEL, ok, old_tree, one_line, run, tiny_train_args
+from conftest import REPO, TINY_DATA, TINY_DATA_ARGS, TINY_MODEL, byte_run, ok, old_tree, one_line, run, tiny_train_args
 
 from discoloop.common import ConfigError
 from discoloop.ownership import MARK, owned
@@ -121,14 +121,8 @@ def test_refusals_and_notes_of_this_turns_keys(tiny_data, tiny_run, tmp_path):
 @pytest.fixture(scope="module")
 def token_run(tmp_path_factory):
     """Byte-level shards (prepare.py) and a tiny pretraining run on them (block_size 32, 2 loops)."""
-    d = tmp_path_factory.mktemp("r7_tokens")
-    ok(run(["data/pretrain/prepare.py", f"--out_dir={d / 'shards'}", "--encoding=bytes", "--num_proc=1",
-            "--data_files=synthetic:web", "--weights=1", "--max_tokens=20000", "--val_tokens=2000"]))
-    ok(run(["train.py", "config/pretrain_tiny.py", "--data_args={}", f"--data_dir={d / 'shards'}", f"--out_dir={d / 'run'}",
-            "--n_embd=32", "--n_head=2", "--n_layer=1", "--n_loop=2", "--block_size=32", "--batch_size=4",
-            "--gradient_accumulation_steps=1", "--max_iters=2", "--eval_interval=2", "--eval_iters=1", "--warmup_iters=1",
-            "--lr_decay_iters=2", "--phi_topk=0", "--phi_chunk=0", "--threads=1"]))
-    return d
+    return byte_run(tmp_path_factory.mktemp("r7_tokens"), "--n_embd=32", "--n_head=2", "--n_layer=1", "--n_loop=2",
+                    "--block_size=32", "--max_iters=2", "--eval_interval=2", "--lr_decay_iters=2")
 
 
 def cut_train_shard(src, dest, n):

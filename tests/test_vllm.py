@@ -13,7 +13,7 @@ import time
 import pytest
 import torch
 
-from conftest import REPO, mc_task, ok, one_line, run
+from conftest import byte_run, mc_task, ok, one_line, run
 
 from discoloop import engine
 from discoloop.common import ConfigError
@@ -118,13 +118,8 @@ def test_what_the_engine_cannot_run_is_one_line_before_it_starts(tmp_path):
 @pytest.fixture(scope="module")
 def served_export(tmp_path_factory):
     """A byte-level pretraining run whose head size vLLM's CPU attention runs (32), and its export_hf.py folder."""
-    d = tmp_path_factory.mktemp("vllm_export")
-    ok(run(["data/pretrain/prepare.py", f"--out_dir={d / 'shards'}", "--encoding=bytes", "--num_proc=1",
-            "--data_files=synthetic:web", "--weights=1", "--max_tokens=20000", "--val_tokens=2000"]))
-    ok(run(["train.py", "config/pretrain_tiny.py", "--data_args={}", f"--data_dir={d / 'shards'}", f"--out_dir={d / 'run'}",
-            "--n_embd=64", "--n_head=2", "--n_layer=2", "--n_loop=2", "--block_size=64", "--batch_size=4",
-            "--gradient_accumulation_steps=1", "--max_iters=20", "--eval_interval=20", "--eval_iters=1",
-            "--warmup_iters=1", "--lr_decay_iters=20", "--phi_topk=0", "--phi_chunk=0", "--threads=1"]))
+    d = byte_run(tmp_path_factory.mktemp("vllm_export"), "--n_embd=64", "--n_head=2", "--n_layer=2", "--n_loop=2",
+                 "--block_size=64", "--max_iters=20", "--eval_interval=20", "--lr_decay_iters=20")
     ok(run(["export_hf.py", f"--ckpt={d / 'run'}", f"--out_dir={d / 'export'}"]))
     return d
 
