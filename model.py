@@ -643,9 +643,10 @@ class GPT(nn.Module):
         x = x if at is None else out
         if cfg.n_coda:  # the head reads the coda's output (after the loop, or after a row's own loop count)
             x = self.f_theta(x, cache=cache[0] if cache is not None else None, part="coda")
-        for view in cache[0] if cache is not None and cfg.kv_share else ():  # this call's positions are earlier ones now
-            if isinstance(view, SharedView):  # (an engine's paged memory keeps its own positions)
-                view.slot.commit()
+        if cache is not None and cfg.kv_share:  # this call's positions are earlier ones now
+            for view in cache[0]:
+                if isinstance(view, SharedView):  # (an engine's paged memory keeps its own positions)
+                    view.slot.commit()
         return x
 
     def hidden_stepwise(self, idx, n_loop=None):
